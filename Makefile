@@ -1,0 +1,54 @@
+# The README's commands. `make sandbox` runs the whole of site.yml on the local sandbox cloud;
+# `make test` runs every test (lint, unit, emulator, molecule on real test hosts).
+# Both run `make setup` first, which is idempotent and fast once done.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+export TH_BASE ?= $(HOME)/.cache/forja
+SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
+APT_PACKAGES := debootstrap systemd-container nftables zstd curl iproute2 openssh-client rsync sqlite3 gpg
+
+.PHONY: setup apt venv golden sandbox sandbox-down test lint unit molecule clean-hosts
+
+setup: apt venv golden
+
+apt:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
+	fi
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[trainer,test]'
+	touch $@
+
+golden: venv
+	$(PY) -m forja.sandbox.testhosts golden
+
+sandbox: setup
+	ansible-playbook site.yml
+
+sandbox-down: venv
+	ansible-playbook playbooks/teardown.yml -e forja_teardown_delete=true
+
+lint: venv
+	ruff check forja trainer plugins tests bench
+	yamllint -s .
+	ansible-lint
+
+unit: venv
+	pytest -q tests
+
+molecule: setup
+	@set -e; for s in $(SCENARIOS); do echo "=== molecule test -s $$s"; molecule test -s $$s; done
+
+test: setup lint unit molecule
+
+clean-hosts: venv
+	$(PY) -m forja.sandbox.testhosts down-all

@@ -1,0 +1,82 @@
+"""Typed errors of the forja API.
+
+Every error carries what a user needs to act on it (the host, the task, the message from
+Ansible) and the CLI exit code that stands for it, so scripts can tell "the host is down"
+(retry later) from "a task failed" (fix something) without parsing text.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """Exit codes of the `forja` command; documented in `forja --help` and the README."""
+
+    OK = 0
+    PLAYBOOK_FAILED = 1
+    USAGE = 2
+    UNREACHABLE = 3
+    CANCELLED = 4
+    NOT_FOUND = 5
+
+
+class ForjaError(Exception):
+    """Base class: anything forja raises on purpose."""
+
+    exit_code: ExitCode = ExitCode.PLAYBOOK_FAILED
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ConfigError(ForjaError):
+    """Bad input from the user: names the field and the fix; nothing was changed."""
+
+    exit_code = ExitCode.USAGE
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class PlaybookFailed(ForjaError):
+    """A task failed on a host; `task` and `message` come from Ansible's own result."""
+
+    exit_code = ExitCode.PLAYBOOK_FAILED
+
+    def __init__(self, host: str, task: str, message: str, playbook: str = "") -> None:
+        where = f" in {playbook}" if playbook else ""
+        super().__init__(f"task '{task}' failed on {host}{where}: {message}")
+        self.host = host
+        self.task = task
+        self.detail = message
+        self.playbook = playbook
+
+
+class HostUnreachable(ForjaError):
+    """Ansible could not reach a host (SSH refused, timed out, wrong key...)."""
+
+    exit_code = ExitCode.UNREACHABLE
+
+    def __init__(self, host: str, message: str, task: str = "") -> None:
+        super().__init__(f"host {host} is unreachable: {message}")
+        self.host = host
+        self.task = task
+        self.detail = message
+
+
+class Cancelled(ForjaError):
+    """The caller cancelled the run (cancel callback, Ctrl-C, async task cancelled)."""
+
+    exit_code = ExitCode.CANCELLED
+
+    def __init__(self, message: str = "the run was cancelled") -> None:
+        super().__init__(message)
+
+
+class RunNotFound(ForjaError):
+    """A run id or name that the history does not know."""
+
+    exit_code = ExitCode.NOT_FOUND

@@ -1,0 +1,214 @@
+"""Typed events from ansible-runner's event dicts.
+
+ansible-runner hands over "whatever Ansible emits" (runner issue #1243): nested dicts whose keys
+change between event kinds. Callers of the forja API get small frozen dataclasses instead, built
+in one place (`from_runner`), so a UI or a test matches on types, not on string keys.
+Training progress is an event too: while the train play waits, every retry of its state poll
+carries the newest metrics line, which becomes a `TrainProgress`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Name of the train play's polling task (roles/trainer_run/tasks/wait.yml); its retries carry metrics.
+WAIT_TASK = "Wait for the training run to finish"
+#: Debug tasks whose message people should see as it happens (what is sent, which PyTorch, the result).
+ANNOUNCE_TASKS = ("Show what will be sent", "Say which PyTorch the run uses", "Show the run's result")
+
+
+@dataclass(frozen=True)
+class Event:
+    """Base: the runner's counter (order) and the raw stdout line Ansible printed, if any."""
+
+    counter: int
+    stdout: str = field(default="", repr=False)
+
+
+@dataclass(frozen=True)
+class PlaybookStarted(Event):
+    playbook: str = ""
+
+
+@dataclass(frozen=True)
+class PlayStarted(Event):
+    play: str = ""
+
+
+@dataclass(frozen=True)
+class TaskStarted(Event):
+    task: str = ""
+    action: str = ""
+
+
+@dataclass(frozen=True)
+class TaskOk(Event):
+    host: str = ""
+    task: str = ""
+    action: str = ""
+    result: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class TaskChanged(TaskOk):
+    """A task that changed something on a host (a subclass of TaskOk: it also succeeded)."""
+
+
+@dataclass(frozen=True)
+class TaskSkipped(Event):
+    host: str = ""
+    task: str = ""
+
+
+@dataclass(frozen=True)
+class TaskFailed(Event):
+    host: str = ""
+    task: str = ""
+    action: str = ""
+    message: str = ""
+    ignored: bool = False
+
+
+@dataclass(frozen=True)
+class HostUnreachable(Event):
+    host: str = ""
+    task: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class TaskRetry(Event):
+    host: str = ""
+    task: str = ""
+    attempt: int = 0
+    retries: int = 0
+
+
+@dataclass(frozen=True)
+class TrainProgress(Event):
+    """The newest metrics line of a run on one host, seen while the train play waits."""
+
+    host: str = ""
+    run: str = ""
+    status: str = ""
+    step: int = 0
+    total_steps: int | None = None
+    loss: float | None = None
+    metrics: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class PlaybookFinished(Event):
+    playbook: str = ""
+    stats: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+def failure_message(res: dict[str, Any]) -> str:
+    """The most useful line of a failed result: msg, else stderr, else the module's exception."""
+    if res.get("censored"):
+        return str(res["censored"])
+    for key in ("msg", "stderr", "reason", "exception", "module_stderr", "stdout"):
+        value = res.get(key)
+        if value:
+            text = str(value).strip()
+            if key == "msg" and res.get("stderr") and "non-zero return code" in text:
+                text = f"{text}: {str(res['stderr']).strip()}"
+            return text[-2000:]
+    results = res.get("results")
+    if isinstance(results, list):
+        for item in results:
+            if isinstance(item, dict) and item.get("failed"):
+                return failure_message(item)
+    return "failed (no message from the module)"
+
+
+def _progress(counter: int, stdout: str, host: str, res: dict[str, Any]) -> TrainProgress | None:
+    try:
+        state = json.loads(res.get("stdout") or "")
+    except (TypeError, ValueError):
+        return None
+    if not isinstance(state, dict):
+        return None
+    last = state.get("last") or {}
+    loss = last.get("loss")
+    return TrainProgress(
+        counter=counter,
+        stdout=stdout,
+        host=host,
+        run=str(state.get("run", "")),
+        status=str(state.get("status", "")),
+        step=int(last.get("step") or 0),
+        total_steps=state.get("total_steps"),
+        loss=float(loss) if isinstance(loss, int | float) else None,
+        metrics=last,
+    )
+
+
+def from_runner(raw: dict[str, Any]) -> list[Event]:
+    """Typed events for one runner event dict (usually one; the wait task's poll adds a TrainProgress)."""
+    kind = raw.get("event", "")
+    data = raw.get("event_data") or {}
+    counter = int(raw.get("counter") or 0)
+    stdout = raw.get("stdout") or ""
+    host = data.get("host") or data.get("remote_addr") or ""
+    task = (data.get("task") or "").strip()
+    action = data.get("task_action") or data.get("resolved_action") or ""
+    res = data.get("res") if isinstance(data.get("res"), dict) else {}
+
+    if kind == "playbook_on_start":
+        return [PlaybookStarted(counter, stdout, playbook=data.get("playbook", ""))]
+    if kind == "playbook_on_play_start":
+        return [PlayStarted(counter, stdout, play=data.get("play", data.get("name", "")))]
+    if kind == "playbook_on_task_start":
+        return [TaskStarted(counter, stdout, task=task, action=action)]
+    if kind == "runner_on_ok":
+        # no_log results are censored down to one key; Ansible's own line still says "changed:".
+        changed = res.get("changed") if "changed" in res else stdout.strip().startswith("changed:")
+        cls = TaskChanged if changed else TaskOk
+        out: list[Event] = [cls(counter, stdout, host=host, task=task, action=action, result=res)]
+        if task == WAIT_TASK:
+            progress = _progress(counter, stdout, host, res)
+            if progress:
+                out.append(progress)
+        return out
+    if kind == "runner_on_skipped":
+        return [TaskSkipped(counter, stdout, host=host, task=task)]
+    if kind == "runner_on_failed":
+        return [
+            TaskFailed(
+                counter,
+                stdout,
+                host=host,
+                task=task,
+                action=action,
+                message=failure_message(res),
+                ignored=bool(data.get("ignore_errors")),
+            )
+        ]
+    if kind == "runner_on_unreachable":
+        return [HostUnreachable(counter, stdout, host=host, task=task, message=failure_message(res))]
+    if kind == "runner_retry":
+        out = [
+            TaskRetry(
+                counter,
+                stdout,
+                host=host,
+                task=task,
+                attempt=int(res.get("attempts") or 0),
+                retries=int(res.get("retries") or 0),
+            )
+        ]
+        if task == WAIT_TASK:
+            progress = _progress(counter, stdout, host, res)
+            if progress:
+                out.append(progress)
+        return out
+    if kind == "playbook_on_stats":
+        stats = {
+            key: dict(data.get(key) or {})
+            for key in ("ok", "changed", "failures", "dark", "skipped", "rescued", "ignored", "processed")
+        }
+        return [PlaybookFinished(counter, stdout, playbook=data.get("playbook", ""), stats=stats)]
+    return []

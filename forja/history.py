@@ -1,0 +1,235 @@
+"""Run history: every training run in a local SQLite database, including the ones that stopped.
+
+A run is recorded *before* its playbook starts (status "running"), so a controller crash,
+a preempted VM or a failed play leaves a row that says so instead of nothing. Later writes
+only update that row (`update`) or add to its event log (`record_event`); the cost guard
+records preemptions the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from forja.errors import ConfigError, RunNotFound
+from forja.runner import forja_home
+
+#: Statuses a run can have. "running" until the play (or a later status/fetch) says otherwise.
+STATUSES = ("running", "completed", "preempted", "failed", "cancelled", "stopped", "unknown")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id       TEXT PRIMARY KEY,
+    name         TEXT NOT NULL,
+    hosts        TEXT NOT NULL DEFAULT '[]',
+    config_path  TEXT,
+    config_hash  TEXT,
+    status       TEXT NOT NULL DEFAULT 'running',
+    started_at   TEXT NOT NULL,
+    ended_at     TEXT,
+    steps        INTEGER,
+    last_loss    REAL,
+    cost_usd     REAL,
+    artifact_dir TEXT,
+    preemptions  INTEGER NOT NULL DEFAULT 0,
+    lost_steps   INTEGER NOT NULL DEFAULT 0,
+    message      TEXT
+);
+CREATE TABLE IF NOT EXISTS run_events (
+    id     INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    time   TEXT NOT NULL,
+    kind   TEXT NOT NULL,
+    data   TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX IF NOT EXISTS run_events_run ON run_events(run_id);
+"""
+
+#: Columns `update` may set (run_id and started_at never change).
+UPDATABLE = (
+    "name", "hosts", "config_path", "config_hash", "status", "ended_at", "steps", "last_loss",
+    "cost_usd", "artifact_dir", "preemptions", "lost_steps", "message",
+)
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One row of the history."""
+
+    run_id: str
+    name: str
+    hosts: list[str]
+    config_path: str | None
+    config_hash: str | None
+    status: str
+    started_at: str
+    ended_at: str | None
+    steps: int | None
+    last_loss: float | None
+    cost_usd: float | None
+    artifact_dir: str | None
+    preemptions: int
+    lost_steps: int
+    message: str | None
+
+
+@dataclass(frozen=True)
+class RunEvent:
+    run_id: str
+    time: str
+    kind: str
+    data: dict[str, Any]
+
+
+def default_path() -> Path:
+    return forja_home() / "history.sqlite"
+
+
+class History:
+    """The SQLite history (one file, safe for a few processes: WAL mode, short transactions)."""
+
+    def __init__(self, path: Path | str | None = None) -> None:
+        self.path = Path(path) if path else default_path()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        with self._connect() as db:
+            db.executescript(SCHEMA)
+
+    @contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        db = sqlite3.connect(self.path, timeout=30)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.row_factory = sqlite3.Row
+            with db:
+                yield db
+        finally:
+            db.close()
+
+    def start(
+        self,
+        run_id: str,
+        *,
+        name: str,
+        hosts: Sequence[str] = (),
+        config_path: str | None = None,
+        config_hash: str | None = None,
+        artifact_dir: str | None = None,
+    ) -> RunRecord:
+        """Record a run that is about to start (status "running")."""
+        with self._lock, self._connect() as db:
+            db.execute(
+                "INSERT INTO runs (run_id, name, hosts, config_path, config_hash, status, started_at,"
+                " artifact_dir) VALUES (?, ?, ?, ?, ?, 'running', ?, ?)",
+                (run_id, name, json.dumps(list(hosts)), config_path, config_hash, now(), artifact_dir),
+            )
+            db.execute(
+                "INSERT INTO run_events (run_id, time, kind, data) VALUES (?, ?, 'started', '{}')",
+                (run_id, now()),
+            )
+        return self.get(run_id)
+
+    def update(self, run_id: str, **fields: Any) -> RunRecord:
+        """Set some columns of a run; unknown columns or statuses are an error naming them."""
+        unknown = sorted(set(fields) - set(UPDATABLE))
+        if unknown:
+            raise ConfigError(", ".join(unknown), f"not a history column; use one of {', '.join(UPDATABLE)}")
+        if "status" in fields and fields["status"] not in STATUSES:
+            raise ConfigError("status", f"{fields['status']!r} is not one of {', '.join(STATUSES)}")
+        if "hosts" in fields:
+            fields["hosts"] = json.dumps(list(fields["hosts"]))
+        if fields:
+            cols = ", ".join(f"{k} = ?" for k in fields)
+            with self._lock, self._connect() as db:
+                cur = db.execute(f"UPDATE runs SET {cols} WHERE run_id = ?", (*fields.values(), run_id))
+                if cur.rowcount == 0:
+                    raise RunNotFound(f"run {run_id!r} is not in the history ({self.path})")
+        return self.get(run_id)
+
+    def record_event(self, run_id: str, kind: str, **data: Any) -> None:
+        """Append to a run's event log; kind "preempted" also counts a preemption and adds lost_steps."""
+        with self._lock, self._connect() as db:
+            if db.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
+                raise RunNotFound(f"run {run_id!r} is not in the history ({self.path})")
+            db.execute(
+                "INSERT INTO run_events (run_id, time, kind, data) VALUES (?, ?, ?, ?)",
+                (run_id, now(), kind, json.dumps(data, default=str)),
+            )
+            if kind == "preempted":
+                db.execute(
+                    "UPDATE runs SET preemptions = preemptions + 1, lost_steps = lost_steps + ?"
+                    " WHERE run_id = ?",
+                    (int(data.get("lost_steps") or 0), run_id),
+                )
+
+    def events(self, run_id: str) -> list[RunEvent]:
+        with self._connect() as db:
+            rows = db.execute(
+                "SELECT run_id, time, kind, data FROM run_events WHERE run_id = ? ORDER BY id", (run_id,)
+            ).fetchall()
+        return [RunEvent(r["run_id"], r["time"], r["kind"], json.loads(r["data"])) for r in rows]
+
+    def get(self, run_id: str) -> RunRecord:
+        with self._connect() as db:
+            row = db.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise RunNotFound(f"run {run_id!r} is not in the history ({self.path})")
+        return _record(row)
+
+    def find(self, name_or_id: str) -> RunRecord:
+        """A run by id, or the newest run with that name."""
+        with self._connect() as db:
+            row = db.execute(
+                "SELECT * FROM runs WHERE run_id = ? OR name = ?"
+                " ORDER BY started_at DESC, rowid DESC LIMIT 1",
+                (name_or_id, name_or_id),
+            ).fetchone()
+        if row is None:
+            raise RunNotFound(f"no run called {name_or_id!r} in the history ({self.path}); see `forja runs`")
+        return _record(row)
+
+    def list(self, limit: int = 50, status: str | None = None) -> list[RunRecord]:
+        """Newest first."""
+        if status is not None and status not in STATUSES:
+            raise ConfigError("status", f"{status!r} is not one of {', '.join(STATUSES)}")
+        query = "SELECT * FROM runs"
+        args: list[Any] = []
+        if status:
+            query += " WHERE status = ?"
+            args.append(status)
+        query += " ORDER BY started_at DESC, rowid DESC LIMIT ?"
+        args.append(int(limit))
+        with self._connect() as db:
+            rows = db.execute(query, args).fetchall()
+        return [_record(r) for r in rows]
+
+
+def _record(row: sqlite3.Row) -> RunRecord:
+    return RunRecord(
+        run_id=row["run_id"],
+        name=row["name"],
+        hosts=json.loads(row["hosts"] or "[]"),
+        config_path=row["config_path"],
+        config_hash=row["config_hash"],
+        status=row["status"],
+        started_at=row["started_at"],
+        ended_at=row["ended_at"],
+        steps=row["steps"],
+        last_loss=row["last_loss"],
+        cost_usd=row["cost_usd"],
+        artifact_dir=row["artifact_dir"],
+        preemptions=row["preemptions"],
+        lost_steps=row["lost_steps"],
+        message=row["message"],
+    )

@@ -1,0 +1,363 @@
+"""A thin typed facade over ansible-runner: one request type in, one result type out.
+
+Why a facade: ansible-runner's defaults are wrong for us in quiet ways (it turns SSH host-key
+checking off unless told otherwise, drops events when the handler does not return True, writes
+extra vars onto the command line and into `env/` files, keeps every artifact folder forever, and
+points the fact cache into each run's artifacts). Every runner argument is decided here, once:
+
+- `private_data_dir` is absolute (runner issue #1038), `project_dir` is the forja repository so its
+  `ansible.cfg`, roles and plugins apply;
+- host-key checking is an explicit choice of the caller, passed as ANSIBLE_HOST_KEY_CHECKING;
+- extra vars go through a 0600 file that is deleted after the run, never the command line, and
+  `suppress_env_files` keeps runner from writing `env/extravars`;
+- artifacts are rotated; the fact cache stays the one ansible.cfg configures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import queue
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ansible_runner
+
+from forja import errors
+from forja import events as ev
+
+log = logging.getLogger(__name__)
+logging.getLogger("ansible-runner").addHandler(logging.NullHandler())
+
+#: The forja repository: playbooks/, roles/, plugins/ and ansible.cfg live here.
+REPO_ROOT = Path(os.environ.get("FORJA_ROOT") or Path(__file__).resolve().parents[1])
+#: Artifact folders kept per private data dir; older ones are deleted by ansible-runner.
+KEEP_ARTIFACTS = 20
+
+
+def forja_home() -> Path:
+    """The user's forja folder (history, runner data); FORJA_HOME overrides it (tests use a temp dir)."""
+    return Path(os.environ.get("FORJA_HOME") or Path.home() / ".local" / "share" / "forja").resolve()
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlaybookRun:
+    """One playbook run, fully described.
+
+    Args:
+        playbook: a file under the repository's playbooks/ ("train.yml") or an absolute path.
+        inventory: inventory path(s); None uses ansible.cfg's.
+        extravars: variables for the play; may hold secrets, they never reach a command line.
+        limit: Ansible host pattern to restrict the run.
+        host_key_checking: verify SSH host keys; the caller must choose (sandbox/tests say False).
+        timeout_s: cancel the run after this many seconds (None: no limit).
+        private_data_dir: runner's working folder; None is <forja home>/runner.
+        verbosity: -v count.
+    """
+
+    playbook: str
+    inventory: str | list[str] | None = None
+    extravars: Mapping[str, Any] = field(default_factory=dict)
+    limit: str | None = None
+    host_key_checking: bool = True
+    timeout_s: int | None = None
+    private_data_dir: Path | None = None
+    verbosity: int = 0
+
+    def playbook_path(self) -> Path:
+        path = Path(self.playbook)
+        if not path.is_absolute():
+            path = REPO_ROOT / "playbooks" / path
+        if not path.is_file():
+            raise errors.ConfigError("playbook", f"{path} does not exist")
+        return path
+
+
+@dataclass(frozen=True)
+class HostStats:
+    """Per-host counts from the play recap (`unreachable` is runner's `dark`)."""
+
+    ok: int = 0
+    changed: int = 0
+    failures: int = 0
+    unreachable: int = 0
+    skipped: int = 0
+    rescued: int = 0
+    ignored: int = 0
+
+
+@dataclass(frozen=True)
+class TaskOutcome:
+    """A task that changed or failed something on one host."""
+
+    host: str
+    task: str
+    action: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a playbook run did. `status` is runner's: successful, failed, canceled or timeout."""
+
+    playbook: str
+    status: str
+    rc: int
+    stats: dict[str, HostStats]
+    changed_tasks: list[TaskOutcome]
+    failed_tasks: list[TaskOutcome]
+    unreachable: list[TaskOutcome]
+    duration_s: float
+    artifact_dir: Path | None
+    events: list[ev.Event] = field(default_factory=list, repr=False, compare=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "successful" and self.rc == 0
+
+    def raise_for_status(self) -> RunResult:
+        """Raise the typed error that explains a failed run; return self when it succeeded."""
+        if self.status in ("canceled", "timeout"):
+            how = "timed out" if self.status == "timeout" else "cancelled"
+            raise errors.Cancelled(f"{self.playbook} was {how}")
+        if self.unreachable:
+            first = self.unreachable[0]
+            raise errors.HostUnreachable(first.host, first.message, task=first.task)
+        if self.failed_tasks:
+            first = self.failed_tasks[0]
+            raise errors.PlaybookFailed(first.host, first.task, first.message, playbook=self.playbook)
+        if not self.ok:
+            why = f"ansible-playbook exited with {self.rc}"
+            raise errors.PlaybookFailed("-", "-", why, playbook=self.playbook)
+        return self
+
+
+class _Collector:
+    """Turns runner event dicts into typed events, feeds the caller, and remembers what failed."""
+
+    def __init__(self, on_event: Callable[[ev.Event], None] | None) -> None:
+        self.on_event = on_event
+        self.events: list[ev.Event] = []
+        self.stats: dict[str, dict[str, int]] = {}
+        self.lock = threading.Lock()
+
+    def __call__(self, raw: dict[str, Any]) -> bool:
+        for event in ev.from_runner(raw):
+            with self.lock:
+                self.events.append(event)
+                if isinstance(event, ev.PlaybookFinished):
+                    self.stats = event.stats
+            if self.on_event is not None:
+                try:
+                    self.on_event(event)
+                except Exception:  # a broken UI callback must not kill the run
+                    log.exception("event callback failed")
+        return True  # False would make ansible-runner drop the event (runner PR #463)
+
+
+def _result(request: PlaybookRun, runner: Any, collector: _Collector, started: float) -> RunResult:
+    stats: dict[str, HostStats] = {}
+    raw = collector.stats
+    hosts = set().union(*(raw.get(k, {}).keys() for k in raw)) if raw else set()
+    for host in sorted(hosts):
+        stats[host] = HostStats(
+            ok=raw.get("ok", {}).get(host, 0),
+            changed=raw.get("changed", {}).get(host, 0),
+            failures=raw.get("failures", {}).get(host, 0),
+            unreachable=raw.get("dark", {}).get(host, 0),
+            skipped=raw.get("skipped", {}).get(host, 0),
+            rescued=raw.get("rescued", {}).get(host, 0),
+            ignored=raw.get("ignored", {}).get(host, 0),
+        )
+    changed: list[TaskOutcome] = []
+    failed: list[TaskOutcome] = []
+    unreachable: list[TaskOutcome] = []
+    for e in collector.events:
+        if isinstance(e, ev.TaskChanged):
+            changed.append(TaskOutcome(e.host, e.task, e.action))
+        elif isinstance(e, ev.TaskFailed) and not e.ignored:
+            failed.append(TaskOutcome(e.host, e.task, e.action, e.message))
+        elif isinstance(e, ev.HostUnreachable):
+            unreachable.append(TaskOutcome(e.host, e.task, "", e.message))
+    artifact = Path(runner.config.artifact_dir) if getattr(runner, "config", None) else None
+    return RunResult(
+        playbook=Path(request.playbook).name,
+        status=str(runner.status),
+        rc=int(runner.rc if runner.rc is not None else -1),
+        stats=stats,
+        changed_tasks=changed,
+        failed_tasks=failed,
+        unreachable=unreachable,
+        duration_s=round(time.monotonic() - started, 3),
+        artifact_dir=artifact,
+        events=list(collector.events),
+    )
+
+
+def _runner_kwargs(request: PlaybookRun, extravars_file: Path | None, ident: str) -> dict[str, Any]:
+    """Every argument ansible-runner gets, decided in one place."""
+    data_dir = (request.private_data_dir or forja_home() / "runner").resolve()
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    envvars = {
+        "ANSIBLE_HOST_KEY_CHECKING": "True" if request.host_key_checking else "False",
+        "ANSIBLE_FORCE_COLOR": "False",
+        "ANSIBLE_NOCOLOR": "True",
+    }
+    kwargs: dict[str, Any] = {
+        "private_data_dir": str(data_dir),
+        "project_dir": str(REPO_ROOT),
+        "playbook": str(request.playbook_path()),
+        "ident": ident,
+        "envvars": envvars,
+        "suppress_env_files": True,
+        "rotate_artifacts": KEEP_ARTIFACTS,
+        "quiet": True,
+        "json_mode": False,
+        "fact_cache_type": "",  # keep ansible.cfg's fact cache instead of a per-run one
+        "verbosity": request.verbosity or None,
+    }
+    if request.inventory:
+        inv = request.inventory
+        paths = [str(Path(i).resolve()) for i in (inv if isinstance(inv, list) else [inv])]
+        kwargs["inventory"] = paths if isinstance(inv, list) else paths[0]
+    if request.limit:
+        kwargs["limit"] = request.limit
+    if extravars_file is not None:
+        kwargs["cmdline"] = f"-e @{extravars_file}"
+    if request.timeout_s:
+        kwargs["timeout"] = int(request.timeout_s)
+    return kwargs
+
+
+class _ExtravarsFile:
+    """Extra vars in a 0600 file inside a 0700 folder, removed afterwards: never on a command line."""
+
+    def __init__(self, extravars: Mapping[str, Any]) -> None:
+        self.extravars = dict(extravars)
+        self.path: Path | None = None
+        self._dir: tempfile.TemporaryDirectory[str] | None = None
+
+    def __enter__(self) -> Path | None:
+        if not self.extravars:
+            return None
+        self._dir = tempfile.TemporaryDirectory(prefix="forja-vars-")
+        path = Path(self._dir.name) / "extravars.json"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(self.extravars, fh, default=str)
+        self.path = path
+        return path
+
+    def __exit__(self, *exc: object) -> None:
+        if self._dir is not None:
+            self._dir.cleanup()
+
+
+def run(
+    request: PlaybookRun,
+    on_event: Callable[[ev.Event], None] | None = None,
+    cancel: Callable[[], bool] | threading.Event | None = None,
+) -> RunResult:
+    """Run a playbook to the end and return what it did (never raises for a failed play: see
+    `RunResult.raise_for_status`). `cancel` is polled by runner; when it says True the run stops
+    and the result's status is "canceled"."""
+    collector = _Collector(on_event)
+    ident = f"{time.strftime('%Y%m%dT%H%M%S')}-{Path(request.playbook).stem}-{uuid.uuid4().hex[:6]}"
+    if isinstance(cancel, threading.Event):
+        cancel_event = cancel
+
+        def cancel_cb() -> bool:
+            return cancel_event.is_set()
+    elif cancel is not None:
+        cancel_cb = cancel
+    else:
+
+        def cancel_cb() -> bool:
+            return False
+
+    started = time.monotonic()
+    with _ExtravarsFile(request.extravars) as vars_file:
+        kwargs = _runner_kwargs(request, vars_file, ident)
+        runner = ansible_runner.run(event_handler=collector, cancel_callback=cancel_cb, **kwargs)
+    return _result(request, runner, collector, started)
+
+
+def iter_events(
+    request: PlaybookRun, cancel: threading.Event | None = None
+) -> Iterator[ev.Event | RunResult]:
+    """Yield typed events while the playbook runs, then its RunResult last.
+
+    The run happens in a thread; closing the iterator early (break) cancels it.
+    """
+    q: queue.Queue[ev.Event | RunResult | BaseException] = queue.Queue()
+    stop = cancel or threading.Event()
+
+    def work() -> None:
+        try:
+            q.put(run(request, on_event=q.put, cancel=stop))
+        except BaseException as exc:  # handed to the consumer
+            q.put(exc)
+
+    thread = threading.Thread(target=work, name="forja-runner", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = q.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+            if isinstance(item, RunResult):
+                return
+    finally:
+        if thread.is_alive():
+            stop.set()
+            thread.join()
+
+
+async def run_async(
+    request: PlaybookRun, on_event: Callable[[ev.Event], None] | None = None
+) -> RunResult:
+    """asyncio variant: cancelling the awaiting task cancels the playbook run."""
+    stop = threading.Event()
+    try:
+        return await asyncio.to_thread(run, request, on_event, stop)
+    except asyncio.CancelledError:
+        stop.set()
+        raise
+
+
+async def aiter_events(request: PlaybookRun) -> AsyncIterator[ev.Event | RunResult]:
+    """Async iterator of typed events, then the RunResult; leaving the loop early cancels the run."""
+    loop = asyncio.get_running_loop()
+    q: asyncio.Queue[ev.Event | RunResult | BaseException] = asyncio.Queue()
+    stop = threading.Event()
+
+    def put(item: ev.Event | RunResult | BaseException) -> None:
+        loop.call_soon_threadsafe(q.put_nowait, item)
+
+    def work() -> None:
+        try:
+            put(run(request, on_event=put, cancel=stop))
+        except BaseException as exc:
+            put(exc)
+
+    task = loop.run_in_executor(None, work)
+    try:
+        while True:
+            item = await q.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+            if isinstance(item, RunResult):
+                return
+    finally:
+        stop.set()
+        await task

@@ -1,0 +1,104 @@
+"""Binds Compute emulator instances to real local hosts, so "creating a VM" boots one.
+
+The emulator calls this from its operation worker: create/start boot a systemd-nspawn host and
+return its address (shown as the instance's IP), stop halts it but keeps its disk, delete removes
+it. The instance-to-host binding is persisted next to the emulator's state so a restarted
+sandbox finds its hosts again.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+from forja.sandbox import testhosts
+
+FIRST_INDEX = 10
+LAST_INDEX = 19
+
+
+class SandboxFull(RuntimeError):
+    """Every host slot of the sandbox is taken."""
+
+
+def instance_key(instance: dict[str, Any]) -> str:
+    """A stable key for an instance: its zone's short name and its own name."""
+    zone = str(instance.get("zone", "")).rstrip("/").rsplit("/", 1)[-1]
+    return f"{zone}/{instance['name']}"
+
+
+class TestHostBackend:
+    """An `InstanceBackend` whose instances are systemd-nspawn hosts th10 … th19."""
+
+    def __init__(self, bindings_file: Path, first: int = FIRST_INDEX, last: int = LAST_INDEX) -> None:
+        self._file = bindings_file
+        self._first, self._last = first, last
+        self._lock = threading.Lock()
+        self._bindings: dict[str, int] = {}
+        if bindings_file.exists():
+            self._bindings = {k: int(v) for k, v in json.loads(bindings_file.read_text()).items()}
+
+    def _save(self) -> None:
+        self._file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self._file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self._bindings, indent=1, sort_keys=True))
+        tmp.replace(self._file)
+
+    def bindings(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._bindings)
+
+    def index_of(self, instance: dict[str, Any]) -> int | None:
+        with self._lock:
+            return self._bindings.get(instance_key(instance))
+
+    def _bind(self, instance: dict[str, Any]) -> int:
+        key = instance_key(instance)
+        with self._lock:
+            if key in self._bindings:
+                return self._bindings[key]
+            used = set(self._bindings.values())
+            free = [i for i in range(self._first, self._last + 1) if i not in used]
+            if not free:
+                raise SandboxFull(
+                    f"the sandbox has {self._last - self._first + 1} host slots and all are taken; "
+                    "delete an instance first")
+            self._bindings[key] = free[0]
+            self._save()
+            return free[0]
+
+    def create(self, instance: dict[str, Any]) -> str:
+        index = self._bind(instance)
+        testhosts.down(index)  # a fresh disk, whatever an earlier instance left in this slot
+        return testhosts.up(index).address
+
+    def start(self, instance: dict[str, Any]) -> str:
+        return testhosts.up(self._bind(instance)).address
+
+    def stop(self, instance: dict[str, Any]) -> None:
+        index = self.index_of(instance)
+        if index is not None:
+            testhosts.stop(index)
+
+    def delete(self, instance: dict[str, Any]) -> None:
+        key = instance_key(instance)
+        with self._lock:
+            index = self._bindings.pop(key, None)
+            self._save()
+        if index is not None:
+            testhosts.down(index)
+
+    def is_running(self, instance: dict[str, Any]) -> bool:
+        """Whether the instance's host is up; False once the guest powered itself off."""
+        index = self.index_of(instance)
+        return index is not None and testhosts.is_up(index)
+
+    def remove_all(self) -> None:
+        with self._lock:
+            indices = list(self._bindings.values())
+            self._bindings = {}
+            self._save()
+        for index in indices:
+            testhosts.down(index)

@@ -1,0 +1,420 @@
+"""The `instances.*` methods: listing, the status lifecycle, fingerprinted updates.
+
+Each mutation validates and records what it can at request time (so errors are synchronous,
+as on Google), then hands the slow part (status steps, the backend) to an operation worker.
+Operations on one instance run one after the other, like Google's per-resource queue.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from . import catalog
+from .errors import ApiError, already_exists, not_found, required_field
+from .filters import compile_filter
+from .instances import build_instance, check_labels, check_metadata, check_tags, fingerprint, now
+from .listing import ordered, page_bounds
+from .operations import ApiBase, Call, OperationFailed
+from .schema import methods
+from .state import InstanceRecord
+
+Json = dict[str, Any]
+
+
+class InstanceMethods(ApiBase):
+    """instances.aggregatedList/list/get/insert/delete/start/stop/setLabels/setMetadata/setTags."""
+
+    def _record(self, call: Call) -> InstanceRecord:
+        record = self.store.instance(call.project, call.zone, call.params["instance"])
+        if record is None:
+            raise not_found(f"projects/{call.project}/zones/{call.zone}/instances/{call.params['instance']}")
+        return record
+
+    def _set_status(self, record: InstanceRecord, status: str, **fields: Any) -> None:
+        with self.store.changed:
+            record.data["status"] = status
+            record.data.update(fields)
+            self.store.touch(record)
+            self.store.mark_dirty()
+            self.store.changed.notify_all()
+
+    def _snapshot(self, record: InstanceRecord) -> Json:
+        with self.store.lock:
+            return copy.deepcopy(record.data)
+
+    def _assign_ips(self, record: InstanceRecord, address: str | None) -> None:
+        with self.store.lock:
+            for index, nic in enumerate(record.data.get("networkInterfaces", [])):
+                if address and index == 0:
+                    nic["networkIP"] = address
+                for config in nic.get("accessConfigs", []):
+                    config["natIP"] = address if address and index == 0 else self.store.public_ip()
+            self.store.touch(record)
+
+    def _release_public_ips(self, record: InstanceRecord) -> None:
+        """Ephemeral external addresses go back to the pool when an instance stops."""
+        with self.store.lock:
+            for nic in record.data.get("networkInterfaces", []):
+                for config in nic.get("accessConfigs", []):
+                    config.pop("natIP", None)
+            self.store.touch(record)
+
+    def _instance_page(
+        self, call: Call, records: list[InstanceRecord]
+    ) -> tuple[list[InstanceRecord], str | None]:
+        expression = call.query.get("filter", "")
+        if expression or call.query.get("orderBy"):
+            predicate = compile_filter(expression)
+            # Paging through a filtered listing evaluates the filter once, not once per page.
+            key = (
+                call.method.id,
+                call.project,
+                call.params.get("zone"),
+                expression,
+                call.query.get("orderBy"),
+            )
+            with self.store.lock:
+                matching = self.store.cached_query(key)
+                if matching is None:
+                    matching = ordered(
+                        call.query, [r for r in records if predicate(r.data)], lambda r: r.data
+                    )
+                    self.store.cache_query(key, matching)
+        else:
+            matching = records
+        start, end, token = page_bounds(call.query, len(matching))
+        return matching[start:end], token
+
+    def instances_aggregated_list(self, call: Call) -> bytes:
+        page, token = self._instance_page(call, self.store.sorted_instances(call.project))
+        by_zone: dict[str, list[bytes]] = {}
+        with self.store.lock:
+            for record in page:
+                by_zone.setdefault(record.zone, []).append(record.encoded())
+        list_id = f"projects/{call.project}/aggregated/instances"
+        scopes: list[bytes] = []
+        for zone in sorted(set(catalog.ZONES) | set(by_zone)):
+            key = json.dumps(f"zones/{zone}").encode()
+            if zone in by_zone:
+                scopes.append(key + b':{"instances":[' + b",".join(by_zone[zone]) + b"]}")
+            else:
+                warning = {
+                    "warning": {
+                        "code": "NO_RESULTS_ON_PAGE",
+                        "message": f"There are no results for scope 'zones/{zone}' on this page.",
+                        "data": [{"key": "scope", "value": f"zones/{zone}"}],
+                    }
+                }
+                scopes.append(key + b":" + json.dumps(warning, separators=(",", ":")).encode())
+        head = {"kind": "compute#instanceAggregatedList", "id": list_id, "selfLink": f"{self.base}{list_id}"}
+        if token:
+            head["nextPageToken"] = token
+        return json.dumps(head).encode()[:-1] + b',"items":{' + b",".join(scopes) + b"}}"
+
+    def instances_list(self, call: Call) -> bytes:
+        records = [r for r in self.store.sorted_instances(call.project) if r.zone == call.zone]
+        page, token = self._instance_page(call, records)
+        list_id = f"projects/{call.project}/zones/{call.zone}/instances"
+        head: Json = {"kind": "compute#instanceList", "id": list_id, "selfLink": f"{self.base}{list_id}"}
+        if token:
+            head["nextPageToken"] = token
+        if not page:
+            return json.dumps(head).encode()
+        with self.store.lock:
+            items = b",".join(r.encoded() for r in page)
+        return json.dumps(head).encode()[:-1] + b',"items":[' + items + b"]}"
+
+    def instances_get(self, call: Call) -> bytes:
+        record = self._record(call)
+        with self.store.lock:
+            return record.encoded()
+
+    def instances_insert(self, call: Call) -> Json:
+        body = call.body or {}
+        instance = build_instance(body, call.project, call.zone, self.base)
+        with self.store.lock:
+            existing = self.store.instance(call.project, call.zone, instance["name"])
+            if existing is not None:
+                raise already_exists(
+                    f"projects/{call.project}/zones/{call.zone}/instances/{instance['name']}"
+                )
+            instance = {"kind": instance.pop("kind"), "id": self.store.next_id(), **instance}
+            for nic in instance["networkInterfaces"]:
+                nic["networkIP"] = self.store.private_ip(call.zone)
+            record = InstanceRecord(call.project, call.zone, instance)
+            self.store.put_instance(record)
+        op = self._new_operation(call, f"zones/{call.zone}", "insert", instance["selfLink"], instance["id"])
+        error = call.fault("error")
+
+        def work() -> None:
+            self._sleep()
+            self._set_status(record, "STAGING")
+            if error is not None:
+                self.store.remove_instance(record)
+                raise self._fail_from_fault(error, call.zone)
+            address = None
+            if self.backend is not None:
+                try:
+                    address = self.backend.create(self._snapshot(record))
+                except Exception as exc:
+                    self.store.remove_instance(record)
+                    raise OperationFailed(
+                        "INTERNAL_ERROR", f"The sandbox backend could not create it: {exc}", 500
+                    ) from exc
+            self._sleep()
+            self._assign_ips(record, address)
+            self._set_status(record, "RUNNING", lastStartTimestamp=now())
+
+        return self._launch(call, op, work, record)
+
+    def instances_delete(self, call: Call) -> Json:
+        record = self._record(call)
+        if record.data.get("deletionProtection"):
+            raise ApiError(
+                400,
+                "Invalid resource usage: 'Resource cannot be deleted if it's protected against deletion.'.",
+                "resourceInUseByAnotherResource",
+            )
+        op = self._new_operation(
+            call, f"zones/{call.zone}", "delete", record.data["selfLink"], record.data["id"]
+        )
+        error = call.fault("error")
+
+        def work() -> None:
+            if self.store.instance(call.project, call.zone, record.name) is not record:
+                raise OperationFailed(
+                    "RESOURCE_NOT_FOUND", f"The resource '{record.data['selfLink']}' was not found", 404
+                )
+            if error is not None:
+                raise self._fail_from_fault(error, call.zone)
+            self._set_status(record, "STOPPING")
+            if self.backend is not None:
+                self.backend.delete(self._snapshot(record))
+            self._sleep()
+            self.store.remove_instance(record)
+            with self.store.changed:
+                self.store.changed.notify_all()
+
+        return self._launch(call, op, work, record)
+
+    def instances_start(self, call: Call) -> Json:
+        record = self._record(call)
+        op = self._new_operation(
+            call, f"zones/{call.zone}", "start", record.data["selfLink"], record.data["id"]
+        )
+        error = call.fault("error")
+
+        def work() -> None:
+            self._require_present(call, record)
+            if record.data["status"] == "RUNNING":
+                return
+            self._set_status(record, "STAGING")
+            if error is not None:
+                self._set_status(record, "TERMINATED")
+                raise self._fail_from_fault(error, call.zone)
+            address = None
+            if self.backend is not None:
+                try:
+                    address = self.backend.start(self._snapshot(record))
+                except Exception:
+                    self._set_status(record, "TERMINATED")
+                    raise
+            self._sleep()
+            self._assign_ips(record, address)
+            self._set_status(record, "RUNNING", lastStartTimestamp=now())
+
+        return self._launch(call, op, work, record)
+
+    def instances_stop(self, call: Call) -> Json:
+        record = self._record(call)
+        op = self._new_operation(
+            call, f"zones/{call.zone}", "stop", record.data["selfLink"], record.data["id"]
+        )
+        error = call.fault("error")
+
+        def work() -> None:
+            self._require_present(call, record)
+            if record.data["status"] in ("TERMINATED", "STOPPED"):
+                return
+            if error is not None:
+                raise self._fail_from_fault(error, call.zone)
+            self._set_status(record, "STOPPING")
+            if self.backend is not None:
+                try:
+                    self.backend.stop(self._snapshot(record))
+                except Exception:
+                    self._set_status(record, "RUNNING")
+                    raise
+            self._sleep()
+            self._release_public_ips(record)
+            self._set_status(record, "TERMINATED", lastStopTimestamp=now())
+
+        return self._launch(call, op, work, record)
+
+    def preempt(self, project: str, zone: str, name: str) -> Json:
+        """Google preempting a Spot VM: a system operation, then STOP (TERMINATED) or DELETE."""
+        record = self.store.instance(project, zone, name)
+        if record is None:
+            raise not_found(f"projects/{project}/zones/{zone}/instances/{name}")
+        if not record.data.get("scheduling", {}).get("preemptible"):
+            raise ValueError(f"{name} is not a Spot/preemptible instance")
+        with record.op_lock:
+            return self._preempt_locked(record, project, zone)
+
+    def _preempt_locked(self, record: InstanceRecord, project: str, zone: str) -> Json:
+        """The preemption itself; the caller holds the instance's op_lock."""
+        # Google itself acts here; the operation is filed as if it stopped the instance.
+        system = methods()["compute.instances.stop"]
+        call = Call(system, {"project": project, "zone": zone}, {}, None, "system")
+        link, target = record.data["selfLink"], record.data["id"]
+        op = self._new_operation(call, f"zones/{zone}", "compute.instances.preempted", link, target)
+        action = record.data["scheduling"].get("instanceTerminationAction", "STOP")
+        self._update_op(op, status="RUNNING", startTime=now())
+        self._set_status(record, "STOPPING")
+        if action == "DELETE":
+            if self.backend is not None:
+                self.backend.delete(self._snapshot(record))
+            self.store.remove_instance(record)
+        else:
+            if self.backend is not None:
+                self.backend.stop(self._snapshot(record))
+            self._release_public_ips(record)
+            self._set_status(record, "TERMINATED", lastStopTimestamp=now())
+        self._update_op(op, status="DONE", endTime=now(), progress=100)
+        return copy.deepcopy(op)
+
+    def instances_simulate_maintenance_event(self, call: Call) -> Json:
+        """A simulated host maintenance event, as Google documents it for testing Spot VMs.
+
+        A Spot VM is preempted (its own `compute.instances.preempted` system operation, then STOP
+        or DELETE): this is how forja's drills take a VM away on purpose, through the public API.
+        A standard VM with a GPU cannot live-migrate (onHostMaintenance TERMINATE): it stops and,
+        with automaticRestart (the default), starts again. A VM that can migrate keeps running.
+        """
+        record = self._record(call)
+        op = self._new_operation(
+            call, f"zones/{call.zone}", "simulateMaintenanceEvent", record.data["selfLink"], record.data["id"]
+        )
+
+        def work() -> None:
+            self._require_present(call, record)
+            if record.data["status"] != "RUNNING":
+                raise OperationFailed(
+                    "UNSUPPORTED_OPERATION",
+                    f"The instance '{record.name}' must be RUNNING to simulate a maintenance event",
+                    400,
+                )
+            scheduling = record.data.get("scheduling", {})
+            if scheduling.get("preemptible"):
+                self._preempt_locked(record, call.project, call.zone)
+                return
+            if scheduling.get("onHostMaintenance", "MIGRATE") != "TERMINATE":
+                return  # live migration: the guest notices nothing
+            self._set_status(record, "STOPPING")
+            if self.backend is not None:
+                self.backend.stop(self._snapshot(record))
+            self._release_public_ips(record)
+            self._set_status(record, "TERMINATED", lastStopTimestamp=now())
+            if scheduling.get("automaticRestart", True):
+                self._set_status(record, "STAGING")
+                address = self.backend.start(self._snapshot(record)) if self.backend is not None else None
+                self._assign_ips(record, address)
+                self._set_status(record, "RUNNING", lastStartTimestamp=now())
+
+        return self._launch(call, op, work, record)
+
+    def guest_powered_off(self, instance: Json) -> bool:
+        project = instance["selfLink"].split("/projects/", 1)[1].split("/", 1)[0]
+        zone = instance["zone"].rsplit("/", 1)[-1]
+        record = self.store.instance(project, zone, instance["name"])
+        if record is None or not record.op_lock.acquire(blocking=False):
+            return False
+        try:
+            if record.data["status"] != "RUNNING":
+                return False
+            self._release_public_ips(record)
+            self._set_status(record, "TERMINATED", lastStopTimestamp=now())
+            return True
+        finally:
+            record.op_lock.release()
+
+    def _require_present(self, call: Call, record: InstanceRecord) -> None:
+        if self.store.instance(call.project, call.zone, record.name) is not record:
+            raise OperationFailed(
+                "RESOURCE_NOT_FOUND", f"The resource '{record.data['selfLink']}' was not found", 404
+            )
+
+    def instances_set_labels(self, call: Call) -> Json:
+        record = self._record(call)
+        body = call.body or {}
+        if "labelFingerprint" not in body:
+            raise required_field("resource.labelFingerprint")
+        labels = body.get("labels") or {}
+        check_labels("resource.labels", labels)
+        with self.store.lock:
+            if body["labelFingerprint"] != record.data.get("labelFingerprint"):
+                raise ApiError(
+                    412,
+                    "Labels fingerprint either invalid or resource labels have changed",
+                    "conditionNotMet",
+                )
+            if labels:
+                record.data["labels"] = dict(labels)
+            else:
+                record.data.pop("labels", None)
+            record.data["labelFingerprint"] = fingerprint(labels)
+            self.store.touch(record)
+            self.store.mark_dirty()
+        op = self._new_operation(
+            call, f"zones/{call.zone}", "setLabels", record.data["selfLink"], record.data["id"]
+        )
+        return self._launch(call, op, self._maybe_fail(call), record)
+
+    def instances_set_metadata(self, call: Call) -> Json:
+        record = self._record(call)
+        body = call.body or {}
+        if "fingerprint" not in body:
+            raise required_field("resource.fingerprint")
+        items = check_metadata("resource", body)
+        with self.store.lock:
+            if body["fingerprint"] != record.data["metadata"].get("fingerprint"):
+                raise ApiError(
+                    412,
+                    "Supplied fingerprint does not match current metadata fingerprint.",
+                    "conditionNotMet",
+                )
+            metadata: Json = {"kind": "compute#metadata", "fingerprint": fingerprint(items)}
+            if items:
+                metadata["items"] = items
+            record.data["metadata"] = metadata
+            self.store.touch(record)
+            self.store.mark_dirty()
+        op = self._new_operation(
+            call, f"zones/{call.zone}", "setMetadata", record.data["selfLink"], record.data["id"]
+        )
+        return self._launch(call, op, self._maybe_fail(call), record)
+
+    def instances_set_tags(self, call: Call) -> Json:
+        record = self._record(call)
+        body = call.body or {}
+        if "fingerprint" not in body:
+            raise required_field("resource.fingerprint")
+        items = list(body.get("items") or [])
+        check_tags("resource.items", items)
+        with self.store.lock:
+            if body["fingerprint"] != record.data.get("tags", {}).get("fingerprint"):
+                raise ApiError(
+                    412, "Supplied fingerprint does not match current tags fingerprint.", "conditionNotMet"
+                )
+            record.data["tags"] = (
+                {"items": items, "fingerprint": fingerprint(items)}
+                if items
+                else {"fingerprint": fingerprint(items)}
+            )
+            self.store.touch(record)
+        op = self._new_operation(
+            call, f"zones/{call.zone}", "setTags", record.data["selfLink"], record.data["id"]
+        )
+        return self._launch(call, op, self._maybe_fail(call), record)

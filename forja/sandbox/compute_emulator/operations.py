@@ -1,0 +1,250 @@
+"""Operations: how a mutation answers at once and finishes on a worker thread.
+
+A mutation returns an Operation (PENDING); a worker thread then runs its work (RUNNING) and
+records the outcome (DONE, with `error` on failure, which is how Google reports stock-outs and
+quota errors). `ApiBase` holds what every method group needs: the store, the fault rules, the
+backend and this plumbing; the operation read methods live here too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from . import catalog
+from .errors import not_found
+from .faults import Fault, Faults
+from .instances import now
+from .listing import list_response
+from .schema import Method
+from .state import InstanceRecord, Store
+
+Json = dict[str, Any]
+MAX_OPERATIONS = 20_000
+
+
+class InstanceBackend(Protocol):
+    """Binds emulated instances to something real (the sandbox: local test hosts).
+
+    Called from the operation worker, never from the HTTP thread. `create`/`start` return the
+    address to publish as networkIP/natIP (None: the emulator invents one). An exception makes
+    the operation end DONE with an error.
+    """
+
+    def create(self, instance: Json) -> str | None: ...
+
+    def start(self, instance: Json) -> str | None: ...
+
+    def stop(self, instance: Json) -> None: ...
+
+    def delete(self, instance: Json) -> None: ...
+
+
+@dataclasses.dataclass
+class Call:
+    method: Method
+    params: dict[str, str]
+    query: dict[str, Any]
+    body: Any
+    principal: str
+    faults: list[Fault] = dataclasses.field(default_factory=list)
+
+    @property
+    def project(self) -> str:
+        return self.params["project"]
+
+    @property
+    def zone(self) -> str:
+        return self.params["zone"]
+
+    def fault(self, kind: str) -> Fault | None:
+        for fault in self.faults:
+            if (kind == "error" and fault.error) or (kind == "delay" and fault.delay_s):
+                return fault
+        return None
+
+
+class OperationFailed(Exception):
+    """Ends an operation DONE with `error` (Google's way to report asynchronous failures)."""
+
+    def __init__(self, code: str, message: str, http_status: int = 400) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.http_status = http_status
+
+
+_HTTP_MESSAGES = {
+    400: "BAD REQUEST",
+    403: "FORBIDDEN",
+    404: "NOT FOUND",
+    409: "CONFLICT",
+    500: "INTERNAL SERVER ERROR",
+    503: "SERVICE UNAVAILABLE",
+}
+
+
+class ApiBase:
+    """State and operation plumbing shared by the method groups."""
+
+    def __init__(
+        self,
+        store: Store,
+        faults: Faults,
+        base_url: Callable[[], str],
+        backend: InstanceBackend | None = None,
+        operation_delay_s: float = 0.0,
+        wait_timeout_s: float = 120.0,
+    ) -> None:
+        self.store = store
+        self.faults = faults
+        self._base_url = base_url
+        self.backend = backend
+        self.operation_delay_s = operation_delay_s
+        self.wait_timeout_s = wait_timeout_s
+
+    @property
+    def base(self) -> str:
+        return self._base_url()
+
+    def _project_url(self, project: str) -> str:
+        return f"{self.base}projects/{project}"
+
+    def _sleep(self, extra: float = 0.0) -> None:
+        if self.operation_delay_s + extra > 0:
+            time.sleep(self.operation_delay_s + extra)
+
+    @staticmethod
+    def _op_key(op: Json) -> tuple[str, str, str]:
+        path = op["selfLink"].split("/projects/", 1)[1].split("/")
+        return path[0], "/".join(path[1:-2]), op["name"]
+
+    def _new_operation(self, call: Call, scope: str, op_type: str, target_link: str, target_id: str) -> Json:
+        name = f"operation-{int(time.time() * 1000)}-{secrets.token_hex(6)}"
+        project_url = self._project_url(call.project)
+        op: Json = {
+            "kind": "compute#operation",
+            "id": self.store.next_id(),
+            "name": name,
+            "operationType": op_type,
+            "targetLink": target_link,
+            "targetId": target_id,
+            "status": "PENDING",
+            "user": call.principal,
+            "progress": 0,
+            "insertTime": now(),
+            "selfLink": f"{project_url}/{scope}/operations/{name}",
+        }
+        if scope.startswith("zones/"):
+            op["zone"] = f"{project_url}/{scope}"
+        with self.store.lock:
+            self.store.operations[(call.project, scope, name)] = op
+            if len(self.store.operations) > MAX_OPERATIONS:
+                self._forget_oldest_done_operations()
+            self.store.mark_dirty()
+        return op
+
+    def _forget_oldest_done_operations(self) -> None:
+        """Keep a long-running emulator's memory bounded (Google also expires old operations)."""
+        excess = len(self.store.operations) - MAX_OPERATIONS // 2
+        for key in [k for k, op in self.store.operations.items() if op["status"] == "DONE"][:excess]:
+            del self.store.operations[key]
+
+    def _launch(
+        self, call: Call, op: Json, work: Callable[[], None], record: InstanceRecord | None = None
+    ) -> Json:
+        """Run `work` on a worker thread: op RUNNING after the delay, DONE (maybe with error) after."""
+        delay = call.fault("delay")
+        extra = delay.delay_s if delay else 0.0
+
+        def worker() -> None:
+            guard = record.op_lock if record is not None else contextlib.nullcontext()
+            with guard:
+                self._sleep(extra)
+                self._update_op(op, status="RUNNING", startTime=now(), progress=0)
+                failure: OperationFailed | None = None
+                try:
+                    work()
+                except OperationFailed as exc:
+                    failure = exc
+                except Exception as exc:  # a backend or emulator bug: report it on the operation
+                    failure = OperationFailed(
+                        "INTERNAL_ERROR", f"Internal error: {type(exc).__name__}: {exc}", 500
+                    )
+                changes: Json = {"status": "DONE", "endTime": now(), "progress": 100}
+                if failure is not None:
+                    changes["error"] = {"errors": [{"code": failure.code, "message": failure.message}]}
+                    changes["httpErrorStatusCode"] = failure.http_status
+                    changes["httpErrorMessage"] = _HTTP_MESSAGES.get(failure.http_status, "ERROR")
+                self._update_op(op, **changes)
+
+        with self.store.lock:
+            answer = copy.deepcopy(op)
+        threading.Thread(target=worker, name=f"op-{op['name']}", daemon=True).start()
+        return answer
+
+    def _update_op(self, op: Json, **changes: Any) -> None:
+        with self.store.changed:
+            op.update(changes)
+            self.store.mark_dirty()
+            self.store.changed.notify_all()
+
+    def _fail_from_fault(self, fault: Fault, zone: str) -> OperationFailed:
+        status, error = fault.operation_error(
+            f"projects/{fault.project or '-'}/zones/{zone}", catalog.ZONES.get(zone, zone)
+        )
+        first = error["errors"][0]  # type: ignore[index]
+        return OperationFailed(first["code"], first["message"], status)
+
+    def _maybe_fail(self, call: Call) -> Callable[[], None]:
+        error = call.fault("error")
+
+        def work() -> None:
+            self._sleep()
+            if error is not None:
+                raise self._fail_from_fault(error, call.params.get("zone", "global"))
+
+        return work
+
+    def _operation(self, call: Call) -> Json:
+        scope = f"zones/{call.params['zone']}" if "zone" in call.params else "global"
+        op = self.store.operations.get((call.project, scope, call.params["operation"]))
+        if op is None:
+            raise not_found(f"projects/{call.project}/{scope}/operations/{call.params['operation']}")
+        return op
+
+    def operations_get(self, call: Call) -> Json:
+        with self.store.lock:
+            return copy.deepcopy(self._operation(call))
+
+    def operations_wait(self, call: Call) -> Json:
+        op = self._operation(call)
+        self.store.wait_for(lambda: op["status"] == "DONE", self.wait_timeout_s)
+        with self.store.lock:
+            return copy.deepcopy(op)
+
+    def operations_list(self, call: Call) -> Json:
+        scope = f"zones/{call.params['zone']}" if "zone" in call.params else "global"
+        with self.store.lock:
+            ops = [
+                copy.deepcopy(op)
+                for (p, s, _n), op in self.store.operations.items()
+                if p == call.project and s == scope
+            ]
+        return list_response(
+            self.base, call.query, "compute#operationList", f"projects/{call.project}/{scope}/operations", ops
+        )
+
+    def operations_delete(self, call: Call) -> Json:
+        scope = f"zones/{call.params['zone']}" if "zone" in call.params else "global"
+        with self.store.lock:
+            self._operation(call)
+            del self.store.operations[(call.project, scope, call.params["operation"])]
+            self.store.mark_dirty()
+        return {}

@@ -1,0 +1,222 @@
+"""HTTP front end: routes requests by the discovery document's paths, checks auth and schema.
+
+The order of checks follows what a client sees from Google: an unknown URL is a 404, a missing
+or bad bearer token a 401, an unimplemented method a 501, then query parameters and the body
+are validated, then the method runs. Every answer is JSON in Google's shapes.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import socketserver
+import sys
+import threading
+import traceback
+from collections import deque
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from . import schema
+from .api import Call
+from .auth import TokenError
+from .errors import ApiError
+from .fields import parse_fields, project
+
+if TYPE_CHECKING:
+    from .emulator import ComputeEmulator
+
+API_PREFIX = "/compute/v1/"
+TOKEN_PATH = "/token"
+
+
+class Router:
+    """Matches `projects/p/zones/z/instances/i` to a discovery method and its path parameters."""
+
+    def __init__(self) -> None:
+        self._routes: dict[tuple[str, int], list[tuple[int, list[str], schema.Method]]] = {}
+        for method in schema.methods().values():
+            segments = method.flat_path.split("/")
+            literals = sum(1 for s in segments if not s.startswith("{"))
+            key = (method.http_method, len(segments))
+            self._routes.setdefault(key, []).append((literals, segments, method))
+        for routes in self._routes.values():
+            routes.sort(key=lambda route: -route[0])
+
+    def match(self, http_method: str, path: str) -> tuple[schema.Method, dict[str, str]] | None:
+        parts = [unquote(p) for p in path.split("/")]
+        for _literals, segments, method in self._routes.get((http_method, len(parts)), []):
+            params: dict[str, str] = {}
+            for segment, part in zip(segments, parts, strict=True):
+                if segment.startswith("{"):
+                    if not part:
+                        break
+                    params[segment[1:-1]] = part
+                elif segment != part:
+                    break
+            else:
+                return method, params
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def router() -> Router:
+    """One routing table per process: it only depends on the (pinned) discovery document."""
+    return Router()
+
+
+class EmulatorHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], emulator: ComputeEmulator) -> None:
+        self.emulator = emulator
+        self.router = router()
+        super().__init__(address, _Handler)
+
+    def server_bind(self) -> None:
+        """Bind without HTTPServer's reverse DNS lookup of the address (no resolver needed)."""
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name = str(host)
+        self.server_port = int(port)
+
+
+class RequestLog:
+    """Counters and the recent request list that tests assert on."""
+
+    def __init__(self, keep: int = 20000) -> None:
+        self.lock = threading.Lock()
+        self.token_requests = 0
+        self.requests = 0
+        self.by_method: dict[str, int] = {}
+        self.recent: deque[tuple[str, str, dict[str, list[str]], Any]] = deque(maxlen=keep)
+
+    def reset(self) -> None:
+        with self.lock:
+            self.token_requests = 0
+            self.requests = 0
+            self.by_method.clear()
+            self.recent.clear()
+
+    def snapshot(self) -> dict[str, Any]:
+        with self.lock:
+            return {
+                "token_requests": self.token_requests,
+                "requests": self.requests,
+                "by_method": dict(self.by_method),
+            }
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "forja-compute-emulator/1"
+    server: EmulatorHTTPServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: the request log lives in `emulator.requests`, not on stderr."""
+
+    def do_GET(self) -> None:
+        self._handle("GET")
+
+    def do_POST(self) -> None:
+        self._handle("POST")
+
+    def do_DELETE(self) -> None:
+        self._handle("DELETE")
+
+    def do_PATCH(self) -> None:
+        self._handle("PATCH")
+
+    def do_PUT(self) -> None:
+        self._handle("PUT")
+
+    # ------------------------------------------------------------------------------------------
+    def _handle(self, http_method: str) -> None:
+        url = urlsplit(self.path)
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        headers: dict[str, str] = {}
+        try:
+            if url.path == TOKEN_PATH and http_method == "POST":
+                status, payload = self._token(raw)
+            elif url.path.startswith(API_PREFIX):
+                status, payload = self._api(http_method, url.path[len(API_PREFIX) :], url.query, raw)
+            else:
+                raise ApiError(404, f"The requested URL {url.path} was not found on this server.", "notFound")
+        except ApiError as exc:
+            status, payload, headers = exc.code, exc.body(), exc.headers
+        except Exception as exc:  # an emulator bug must still answer, and say what broke
+            traceback.print_exc(file=sys.stderr)
+            status, payload = 500, ApiError(500, f"Emulator error: {type(exc).__name__}: {exc}").body()
+        try:
+            self._send(status, payload, headers)
+        except (BrokenPipeError, ConnectionResetError):
+            # The client gave up first (e.g. its timeout on operations.wait): nobody to answer.
+            self.close_connection = True
+
+    def _token(self, raw: bytes) -> tuple[int, dict[str, Any]]:
+        emulator = self.server.emulator
+        with emulator.log.lock:
+            emulator.log.token_requests += 1
+        form = {k: v[-1] for k, v in parse_qs(raw.decode("utf-8", "replace")).items()}
+        try:
+            for fault in emulator.faults.take("token"):
+                if fault.status:
+                    raise TokenError("internal_failure", "Injected fault", fault.status)
+            return 200, emulator.store.keyring.exchange(form, emulator.token_uri)
+        except TokenError as exc:
+            return exc.status, exc.body()
+
+    def _api(self, http_method: str, path: str, query_string: str, raw: bytes) -> tuple[int, Any]:
+        emulator = self.server.emulator
+        query = parse_qs(query_string, keep_blank_values=True)
+        routed = self.server.router.match(http_method, path)
+        method_id = routed[0].id if routed else f"unknown:{http_method} {path}"
+        body: Any = None
+        if raw:
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                body = raw.decode("utf-8", "replace")
+        with emulator.log.lock:
+            emulator.log.requests += 1
+            emulator.log.by_method[method_id] = emulator.log.by_method.get(method_id, 0) + 1
+            emulator.log.recent.append((method_id, path, query, body))
+        if routed is None:
+            raise ApiError(
+                404, f"The requested URL {API_PREFIX}{path} was not found on this server.", "notFound"
+            )
+        method, params = routed
+        principal = emulator.store.keyring.principal(self.headers.get("Authorization"))
+        if principal is None:
+            raise ApiError(
+                401,
+                "Request is missing required authentication credential. Expected OAuth 2 access token, "
+                "login cookie or other valid authentication credential.",
+                "required" if not self.headers.get("Authorization") else "authError",
+                headers={"WWW-Authenticate": 'Bearer realm="https://accounts.google.com/"'},
+            )
+        if not emulator.api.implements(method.id):
+            raise ApiError(501, f"The emulator does not implement {method.id}.", "notImplemented")
+        parsed_query = schema.parse_query(method, query)
+        if method.request_schema is not None:
+            if isinstance(body, str):
+                raise ApiError(400, "Invalid JSON payload received. The body is not JSON.", "parseError")
+            schema.validate_body(method, body if body is not None else {})
+        selection = parse_fields(parsed_query["fields"]) if parsed_query.get("fields") else None
+        result = emulator.api.dispatch(Call(method, params, parsed_query, body, principal))
+        if selection is not None:
+            result = project(json.loads(result) if isinstance(result, bytes) else result, selection)
+        return 200, result
+
+    def _send(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
+        data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json; charset=UTF-8")
+        self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)

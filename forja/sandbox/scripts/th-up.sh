@@ -1,0 +1,78 @@
+#!/bin/bash
+# th-up.sh N GOLDEN_DIR
+# Boots host "thN" (systemd-nspawn, systemd as PID 1) in its own network namespace at ${TH_NET}.(10+N),
+# on bridge thbr0 with NAT to the uplink. Idempotent: a host that is already up is left alone.
+set -euo pipefail
+N=$1; IMG=$2
+TH_BASE=${TH_BASE:?}; TH_NET=${TH_NET:-10.213.0}; KEY=${TH_KEY:-$TH_BASE/ssh/id_ed25519}
+NS=th$N; IP=$TH_NET.$((10+N)); H=$TH_BASE/hosts/$NS; R=$H/root
+if [ -f "$H/pid" ] && kill -0 "$(cat "$H/pid")" 2>/dev/null; then echo "$NS $IP already up"; exit 0; fi
+[ -d "$IMG/etc" ] || { echo "th-up.sh: golden image folder '$IMG' has no etc/: build it first" >&2; exit 2; }
+mkdir -p "$H/upper" "$H/work" "$R"; install -d -m 1777 "$H/tmp"   # /tmp on disk, as on a VM
+install -d -m 1777 "$TH_BASE/pip-cache"
+mountpoint -q "$R" || mount -t overlay overlay -o "lowerdir=$IMG,upperdir=$H/upper,workdir=$H/work" "$R"
+(
+  flock 9   # several hosts may start at once: one of them makes the bridge
+  if ! ip link show thbr0 >/dev/null 2>&1; then
+    ip link add thbr0 type bridge; ip addr add "$TH_NET.1/24" dev thbr0; ip link set thbr0 up
+    UP=$(ip route show default | awk '{print $5; exit}')
+    [ -f "$TH_BASE/ip_forward.orig" ] || cat /proc/sys/net/ipv4/ip_forward > "$TH_BASE/ip_forward.orig"
+    sysctl -qw net.ipv4.ip_forward=1
+    nft -f - <<NFT
+table ip testhosts {
+  chain th_forward { type filter hook forward priority 0; policy accept;
+    iifname "thbr0" oifname "$UP" ip saddr $TH_NET.0/24 accept
+    iifname "$UP" oifname "thbr0" ct state established,related accept
+    iifname "thbr0" oifname "thbr0" accept
+    iifname "thbr0" drop
+    oifname "thbr0" drop
+  }
+  chain th_postrouting { type nat hook postrouting priority 100;
+    ip saddr $TH_NET.0/24 oifname "$UP" masquerade
+  }
+}
+NFT
+  fi
+) 9>"$TH_BASE/.bridge.lock"
+ip netns del "$NS" 2>/dev/null || true
+ip netns add "$NS"
+ip link add "$NS-h" type veth peer name eth0 netns "$NS"
+ip link set "$NS-h" master thbr0 up
+ip -n "$NS" link set lo up
+ip -n "$NS" addr add "$IP/24" dev eth0; ip -n "$NS" link set eth0 up
+ip -n "$NS" route add default via "$TH_NET.1"
+echo "$NS" > "$R/etc/hostname"
+printf '127.0.0.1 localhost\n127.0.1.1 %s\n' "$NS" > "$R/etc/hosts"
+for d in root/.ssh home/ansible/.ssh; do install -d -m 700 "$R/$d"; install -m 600 "$KEY.pub" "$R/$d/authorized_keys"; done
+chroot "$R" chown -R ansible: /home/ansible/.ssh
+DNS=$(awk '/^nameserver/{print $2; exit}' /etc/resolv.conf)   # the host's resolver, reached through NAT
+if [ -L "$R/etc/resolv.conf" ]; then   # Ubuntu: keep systemd-resolved, give it an upstream
+  mkdir -p "$R/etc/systemd/resolved.conf.d"; printf '[Resolve]\nDNS=%s\n' "$DNS" > "$R/etc/systemd/resolved.conf.d/th.conf"
+else
+  printf 'nameserver %s\n' "$DNS" > "$R/etc/resolv.conf"
+fi
+# Fixture only (never in roles): this machine's egress CA and a shared pip download cache.
+if ls /usr/local/share/ca-certificates/*.crt >/dev/null 2>&1; then
+  cp /usr/local/share/ca-certificates/*.crt "$R/usr/local/share/ca-certificates/"
+  chroot "$R" update-ca-certificates >/dev/null 2>&1
+  printf '[global]\ncert = /etc/ssl/certs/ca-certificates.crt\ncache-dir = /var/cache/forja-pip\n' > "$R/etc/pip.conf"
+else
+  printf '[global]\ncache-dir = /var/cache/forja-pip\n' > "$R/etc/pip.conf"
+fi
+install -d -m 1777 "$R/var/cache/forja-pip"
+setsid systemd-nspawn -D "$R" -M "$NS" --register=no --keep-unit \
+   --network-namespace-path="/run/netns/$NS" --resolv-conf=off --bind="$H/tmp:/tmp" \
+   --bind="$TH_BASE/pip-cache:/var/cache/forja-pip" -b --console=passive \
+   > "$H/console.log" 2>&1 < /dev/null &
+echo $! > "$H/pid"
+C=
+for _ in $(seq 1 100); do C=$(pgrep -P "$(cat "$H/pid")" || true); [ -n "$C" ] && break; sleep 0.1; done
+[ -n "$C" ] || { echo "th-up.sh: $NS did not start, see $H/console.log" >&2; exit 1; }
+echo "$C" > "$H/leader"
+for _ in $(seq 1 100); do   # the bus may not exist yet right after PID 1 starts
+  st=$(timeout 60 nsenter -t "$C" -m -u -i -n -p systemctl is-system-running --wait 2>/dev/null || true)
+  case $st in running|degraded) break;; esac; sleep 0.1
+done
+ip neigh flush to "$IP" 2>/dev/null || true   # a host that went down by itself leaves a stale ARP entry
+timeout 30 bash -c "until echo > /dev/tcp/$IP/22; do sleep 0.1; done" 2>/dev/null
+echo "$NS $IP up"

@@ -1,0 +1,235 @@
+"""The sandbox cloud as a background service: the Compute emulator bound to real local hosts.
+
+`ensure_running()` is what makes the sandbox the embedded default: the sandbox inventory calls it,
+so `ansible-playbook site.yml` works with nothing started by hand. The emulator keeps its
+instances in a state file and its host bindings beside it, so stopping and starting the service
+keeps the "cloud" as it was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from forja.sandbox import testhosts
+
+DEFAULT_PORT = 8089
+PROJECT = "forja-sandbox"
+POLL_S = 2.0
+
+
+@dataclass(frozen=True)
+class SandboxPaths:
+    """Where the sandbox keeps its state, outside the checkout."""
+
+    root: Path
+
+    @property
+    def state(self) -> Path:
+        return self.root / "compute-state.json"
+
+    @property
+    def bindings(self) -> Path:
+        return self.root / "host-bindings.json"
+
+    @property
+    def key(self) -> Path:
+        return self.root / "service-account.json"
+
+    @property
+    def pid(self) -> Path:
+        return self.root / "emulator.pid"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "emulator.log"
+
+    @property
+    def info(self) -> Path:
+        return self.root / "endpoint.json"
+
+
+def paths() -> SandboxPaths:
+    root = Path(os.environ.get("FORJA_SANDBOX_DIR") or testhosts.base_dir() / "sandbox")
+    return SandboxPaths(root)
+
+
+def port() -> int:
+    return int(os.environ.get("FORJA_SANDBOX_PORT", DEFAULT_PORT))
+
+
+def base_url(p: int | None = None) -> str:
+    return f"http://127.0.0.1:{p or port()}/compute/v1/"
+
+
+def _alive(pid_file: Path) -> int | None:
+    try:
+        pid = int(pid_file.read_text().strip())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return None
+    return pid
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "projects/" + PROJECT + "/zones", timeout=2) as resp:
+            return resp.status < 500
+    except urllib.error.HTTPError as exc:
+        return exc.code < 500  # 401 without a token still means it is up
+    except OSError:
+        return False
+
+
+def ensure_running(timeout_s: float = 60.0) -> dict[str, str]:
+    """Start the sandbox service unless it runs; return its endpoint (URL, key file, project).
+
+    A lock makes concurrent callers (several ansible-playbook runs, pytest workers) start one
+    service, and only the process that bound the port writes the pid file (see `serve`), so
+    `stop_service` always stops the emulator that answers, never a loser of the race.
+    """
+    sp = paths()
+    sp.root.mkdir(parents=True, exist_ok=True)
+    os.chmod(sp.root, 0o700)
+    url = base_url()
+    with open(sp.root / "service.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _answers(url):
+            testhosts.ensure_golden()
+            with open(sp.log, "ab") as log:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "forja.sandbox.service", "serve", "--port", str(port())],
+                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    start_new_session=True, env=dict(os.environ),
+                )
+            deadline = time.monotonic() + timeout_s
+            while not _answers(url):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the sandbox emulator did not start; see {sp.log}")
+                time.sleep(0.1)
+    endpoint = {"api_url": url, "credentials_file": str(sp.key), "project": PROJECT}
+    sp.info.write_text(json.dumps(endpoint))
+    return endpoint
+
+
+def stop_service() -> None:
+    """Stop the emulator process; instances and hosts stay as they are."""
+    sp = paths()
+    pid = _alive(sp.pid)
+    if pid:
+        os.kill(pid, signal.SIGTERM)
+        for _ in range(100):
+            if _alive(sp.pid) is None:
+                break
+            time.sleep(0.1)
+    sp.pid.unlink(missing_ok=True)
+
+
+def destroy() -> None:
+    """Remove the whole sandbox: the emulator, every instance's host and the saved state."""
+    from forja.sandbox.backend import TestHostBackend
+
+    stop_service()
+    sp = paths()
+    TestHostBackend(sp.bindings).remove_all()
+    for f in (sp.state, sp.bindings, sp.info):
+        f.unlink(missing_ok=True)
+
+
+def describe() -> dict[str, object]:
+    """Whether the service runs, and each instance's host (for `forja sandbox status`)."""
+    from forja.sandbox.backend import TestHostBackend
+
+    sp = paths()
+    running = bool(_alive(sp.pid) and _answers(base_url()))
+    rows = [
+        {"instance": key, "host": f"th{index}", "address": testhosts.address(index),
+         "up": testhosts.is_up(index)}
+        for key, index in sorted(TestHostBackend(sp.bindings).bindings().items())
+    ]
+    return {"running": running, "api_url": base_url(), "instances": rows}
+
+
+def _watch_guest_poweroff(emulator, backend, stop: threading.Event) -> None:  # type: ignore[no-untyped-def]
+    """A guest that powers itself off ends its host; mark the instance TERMINATED, as GCE does."""
+    while not stop.wait(POLL_S):
+        with contextlib.suppress(Exception):
+            for inst in emulator.instances_with_status("RUNNING"):
+                if backend.index_of(inst) is not None and not backend.is_running(inst):
+                    emulator.guest_powered_off(inst)
+
+
+def serve(p: int) -> None:
+    """Run the emulator bound to test hosts until SIGTERM.
+
+    FORJA_SANDBOX_FAULTS (a JSON list of `Faults.add` keyword sets) injects failures for drills.
+    """
+    from forja.sandbox.backend import TestHostBackend
+    from forja.sandbox.compute_emulator import ComputeEmulator
+
+    sp = paths()
+    backend = TestHostBackend(sp.bindings)
+    emulator = ComputeEmulator(host="127.0.0.1", port=p, backend=backend, projects=(PROJECT,),
+                               state_file=sp.state)
+    sp.pid.write_text(str(os.getpid()))  # only once the port is ours: a loser of a race exits above
+    for fault in json.loads(os.environ.get("FORJA_SANDBOX_FAULTS") or "[]"):
+        emulator.faults.add(**fault)  # failure drills, e.g. a stock-out on the first insert
+    emulator.start()
+    if not sp.key.exists():
+        emulator.write_service_account_key(sp.key)
+    else:
+        emulator.load_service_account_key(sp.key)
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    watcher = threading.Thread(target=_watch_guest_poweroff, args=(emulator, backend, done), daemon=True)
+    watcher.start()
+    print(f"forja sandbox: Compute emulator at {emulator.base_url}", flush=True)
+    done.wait()
+    emulator.stop()
+    with contextlib.suppress(OSError):
+        if sp.pid.read_text().strip() == str(os.getpid()):
+            sp.pid.unlink()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m forja.sandbox.service")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("serve")
+    s.add_argument("--port", type=int, default=port())
+    sub.add_parser("ensure")
+    sub.add_parser("check")
+    sub.add_parser("stop")
+    sub.add_parser("destroy")
+    args = parser.parse_args(argv)
+    if args.cmd == "serve":
+        serve(args.port)
+    elif args.cmd == "ensure":
+        print(json.dumps(ensure_running()))
+    elif args.cmd == "check":
+        url = base_url()
+        if not (_alive(paths().pid) and _answers(url)):
+            print("the sandbox is not running; start it with `forja sandbox up`", file=sys.stderr)
+            return 1
+        print(json.dumps({"api_url": url, "credentials_file": str(paths().key), "project": PROJECT}))
+    elif args.cmd == "stop":
+        stop_service()
+    else:
+        destroy()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,338 @@
+"""The autostop agent on a real host: what keeps the VM up, what does not, and the stop itself.
+
+The tests run in file order. The first ones use the agent in dry-run mode (as converged) and a
+private copy of its config and state, so the timer's own runs cannot race them. The last three
+switch the installed agent to real mode and watch the host power itself off (the nspawn
+container ends, as a GCP VM goes TERMINATED), start it again from the same disk, and let the
+spend cap stop it while a training unit checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import requests
+
+from forja import colab
+from forja.sandbox import testhosts
+from forja.tunnel import ssh_tunnel
+
+INDEX = 5
+ADDRESS = testhosts.address(INDEX)
+AGENT = "/usr/local/lib/forja/forja_autostop.py"
+CONFIG = "/etc/forja/autostop.json"
+TEST_CONFIG = "/root/autostop-test.json"
+TEST_STATE = "/var/lib/forja/autostop-test"
+STATE_DIR = "/var/lib/forja/autostop"
+JUPYTER_PORT = 18805  # molecule.yml: jupyter_colab_port
+SSH_OPTS = [
+    "-i",
+    str(testhosts.key_path()),
+    "-o",
+    "StrictHostKeyChecking=no",
+    "-o",
+    "UserKnownHostsFile=/dev/null",
+    "-o",
+    "LogLevel=ERROR",
+    "-o",
+    "ConnectTimeout=5",
+    "-o",
+    "ControlPath=none",
+]
+
+
+def ssh(command: str, check: bool = True, timeout: float = 60) -> str:
+    """Run a command as root on the host over a fresh SSH connection (survives reboots)."""
+    proc = subprocess.run(
+        ["ssh", *SSH_OPTS, f"ansible@{ADDRESS}", "sudo bash -c " + shlex.quote(command)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{command!r} failed ({proc.returncode}): {proc.stdout}{proc.stderr}")
+    return proc.stdout
+
+
+def edit_config(path: str, **changes: object) -> None:
+    """Change fields of an agent config on the host, keeping it root-only."""
+    script = (
+        "import json,sys; p=sys.argv[1]; c=json.load(open(p)); c.update(json.loads(sys.argv[2])); "
+        "json.dump(c, open(p, 'w'), indent=2)"
+    )
+    ssh(f"python3 -c {shlex.quote(script)} {path} {shlex.quote(json.dumps(changes))} && chmod 600 {path}")
+
+
+def decide_once() -> dict:
+    """One dry-run decision with the private test config and state."""
+    out = ssh(f"python3 {AGENT} --config {TEST_CONFIG} --dry-run")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def until(predicate, timeout: float, what: str, every: float = 1.0):
+    """Poll until the predicate returns something truthy; fail with what was awaited."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; last: {last!r}")
+
+
+def journal_decisions() -> list[dict]:
+    """The agent's decisions logged since this boot, oldest first."""
+    out = ssh("journalctl -b -u forja-autostop.service -o cat --no-pager -n 300")
+    return [json.loads(line) for line in out.splitlines() if line.startswith('{"decision"')]
+
+
+@contextmanager
+def controller_ssh(*args: str) -> Iterator[subprocess.Popen]:
+    """An SSH client from the controller (a login with a TTY, or a tunnel), closed afterwards."""
+    proc = subprocess.Popen(
+        ["ssh", *SSH_OPTS, *args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def host_is_gone() -> bool:
+    """The nspawn container has ended (its process is gone) and port 22 no longer answers."""
+    if testhosts.is_up(INDEX):
+        return False
+    probe = subprocess.run(["bash", "-c", f"echo > /dev/tcp/{ADDRESS}/22"], capture_output=True, timeout=5)
+    return probe.returncode != 0
+
+
+def on_disk(path: str) -> Path:
+    """A file of the stopped host, read from its disk (the overlay's upper layer) on the controller."""
+    return testhosts.base_dir() / "hosts" / f"th{INDEX}" / "upper" / path.lstrip("/")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def private_config():
+    ssh(f"cp {CONFIG} {TEST_CONFIG} && rm -rf {TEST_STATE}")
+    edit_config(TEST_CONFIG, state_dir=TEST_STATE)
+    yield
+
+
+# --- Installed as specified ---------------------------------------------------------------------
+
+
+def test_config_is_root_only(host):
+    config = host.file(CONFIG)
+    assert (config.user, config.group, config.mode) == ("root", "root", 0o600)
+    assert host.file(AGENT).mode == 0o755
+
+
+def test_timer_is_enabled_and_runs_the_agent(host):
+    timer = host.service("forja-autostop.timer")
+    assert timer.is_enabled
+    assert timer.is_running
+    first = len(journal_decisions())
+    until(lambda: len(journal_decisions()) > first, 20, "a new decision in the journal")
+
+
+# --- What keeps the VM up, and what does not ------------------------------------------------------
+
+
+def test_dry_run_only_logs_would_stop():
+    record = until(
+        lambda: next((r for r in reversed(journal_decisions()) if r["decision"] == "would-stop"), None),
+        30,
+        "a would-stop decision from the timer",
+    )
+    assert record["dry_run"] is True
+    reason = " ".join(record["reasons"])
+    for idle_signal in ("idle for", "no training unit", "no GPU", "no interactive session"):
+        assert idle_signal in reason
+    assert testhosts.is_up(INDEX)
+    assert ssh(f"test -e {STATE_DIR}/last_stop.json || echo absent").strip() == "absent"
+
+
+def test_idle_host_is_stopped_after_the_window():
+    ssh(f"rm -rf {TEST_STATE}")
+    assert decide_once()["decision"] == "idle"  # the window starts now
+    record = until(
+        lambda: (r := decide_once())["decision"] == "would-stop" and r, 20, "the idle window to pass"
+    )
+    assert record["idle_for_s"] >= 6
+
+
+def test_a_running_training_unit_keeps_the_vm():
+    ssh("systemctl start forja-train@unit-test.service")
+    try:
+        record = decide_once()
+        assert record["decision"] == "keep"
+        assert "training unit forja-train@unit-test.service running" in record["reasons"]
+    finally:
+        ssh("systemctl stop forja-train@unit-test.service")
+    assert "checkpointed" in ssh("ls /var/lib/forja-standin/unit-test")  # the stand-in saw SIGTERM
+
+
+def test_an_interactive_ssh_session_keeps_the_vm():
+    with controller_ssh("-tt", f"ansible@{ADDRESS}", "sleep 60"):
+        record = until(
+            lambda: (r := decide_once())["decision"] == "keep" and r, 20, "the TTY session to be seen"
+        )
+    sessions = [r for r in record["reasons"] if r.startswith("ssh session pts/")]
+    assert sessions and "(user ansible from 10.213.0.1)" in sessions[0]
+
+
+def test_a_tunnel_alone_does_not_keep_the_vm():
+    ssh(f"rm -rf {TEST_STATE}")
+    with controller_ssh("-N", "-L", "18555:127.0.0.1:8888", f"ansible@{ADDRESS}") as tunnel:
+        time.sleep(1)
+        assert tunnel.poll() is None, "the tunnel did not stay open"
+        record = until(lambda: (r := decide_once())["decision"] == "would-stop" and r, 30, "an idle stop")
+        assert tunnel.poll() is None, "the tunnel closed before the decision"
+    assert not [r for r in record["reasons"] if r.startswith("ssh session")]
+    assert "no interactive session" in " ".join(record["reasons"])
+
+
+def test_a_new_boot_resets_the_idle_clock_and_carries_the_spend():
+    state = {
+        "boot_id": "00000000-dead-beef-0000-000000000000",
+        "idle_since": time.time() - 3600,
+        "boot_usd": 1.5,
+        "prior_boots_usd": 0.25,
+        "boots": 2,
+        "stopping": True,
+    }
+    ssh(f"mkdir -p {TEST_STATE} && echo {shlex.quote(json.dumps(state))} > {TEST_STATE}/state.json")
+    record = decide_once()
+    assert record["decision"] == "idle"
+    assert record["reasons"][0].startswith("new boot ")
+    assert record["idle_for_s"] < 6
+    saved = json.loads(ssh(f"cat {TEST_STATE}/state.json"))
+    assert saved["prior_boots_usd"] == pytest.approx(1.75)
+    assert saved["boots"] == 3 and saved["stopping"] is False
+    assert record["spend_usd"] >= 1.75
+
+
+def test_bad_config_is_refused_with_the_field_named():
+    ssh(f"cp {TEST_CONFIG} /root/bad.json")
+    edit_config("/root/bad.json", idle_minutes=-1)
+    out = ssh(f"python3 {AGENT} --config /root/bad.json; echo rc=$?")
+    assert "rc=2" in out and "'idle_minutes'" in out
+
+
+def test_a_kernel_running_a_long_cell_keeps_the_vm_and_an_idle_kernel_does_not():
+    token = ssh("cat /var/lib/forja/jupyter/token")
+    ssh(f"rm -rf {TEST_STATE}")
+    key = testhosts.key_path()
+    with ssh_tunnel(
+        ADDRESS, "ansible", key, JUPYTER_PORT, strict_host_key_checking="no", known_hosts_file="/dev/null"
+    ) as tunnel:
+        # Colab runs a cell that takes longer than the idle window, through the real http_over_ws path.
+        # The cell is long (45 s) so that a slow first kernel start on a freshly built host still
+        # leaves a wide busy stretch to observe.
+        result: dict[str, object] = {}
+
+        def run_cell() -> None:
+            try:
+                result["out"] = colab.run_via_http_over_ws(
+                    tunnel.base_url, token, "import time; time.sleep(45); print('slept')", timeout_s=150
+                )
+            except Exception as exc:  # reported by the main thread
+                result["error"] = exc
+
+        cell = threading.Thread(target=run_cell)
+        cell.start()
+
+        def kernel_busy():
+            assert cell.is_alive() or "out" in result, f"the cell failed: {result.get('error')!r}"
+            record = decide_once()
+            busy = [r for r in record["reasons"] if r.startswith("kernel ") and r.endswith(" busy")]
+            return record["decision"] == "keep" and busy and record
+
+        until(kernel_busy, 60, "the busy kernel to keep the VM")
+        time.sleep(7)  # longer than the 6 s window: still kept while the cell runs
+        assert decide_once()["decision"] == "keep"
+        cell.join(timeout=150)
+        assert result.get("out") == "slept\n"
+        # A Colab tab left open: its kernel stays, idle. Only the tunnel and that kernel remain.
+        reply = requests.post(
+            tunnel.base_url + "/api/kernels", headers={"Authorization": f"token {token}"}, json={}, timeout=30
+        )
+        assert reply.status_code == 201
+        record = until(
+            lambda: (r := decide_once())["decision"] == "would-stop" and r,
+            40,
+            "the idle kernel to let the VM stop",
+        )
+        idle = [r for r in record["reasons"] if r.startswith("idle for")]
+        assert idle and ", last active " in idle[0], record  # the open kernel was seen, idle
+        requests.delete(
+            f"{tunnel.base_url}/api/kernels/{reply.json()['id']}",
+            headers={"Authorization": f"token {token}"},
+            timeout=30,
+        )
+    logs = ssh("journalctl -u forja-autostop.service --no-pager -o cat; cat /etc/forja/autostop.json")
+    assert token not in logs
+
+
+# --- The real thing: stop, next start, spend cap ------------------------------------------------
+
+
+def test_an_idle_vm_powers_itself_off_with_only_a_tunnel_open():
+    with controller_ssh("-N", "-L", "18556:127.0.0.1:8888", f"ansible@{ADDRESS}"):
+        edit_config(CONFIG, dry_run=False)
+        until(host_is_gone, 60, "the host to power itself off", every=0.5)
+    last = json.loads(on_disk(f"{STATE_DIR}/last_stop.json").read_text())
+    assert last["decision"] == "stop"
+    assert any(r.startswith("idle for") for r in last["reasons"])
+
+
+def test_on_the_next_start_services_come_back_and_the_idle_clock_is_reset():
+    # The new container's eth0 has a new MAC: drop the controller's stale ARP entry first, or
+    # the first ~30 s of packets go to the old one.
+    subprocess.run(["ip", "neigh", "flush", "to", ADDRESS], check=False)
+    testhosts.up(INDEX)  # the same disk, a new boot (a new boot id), like a VM started again
+    assert ssh("systemctl is-enabled forja-autostop.timer").strip() == "enabled"
+    assert ssh("systemctl is-active forja-train@drill.service").strip() == "active"  # enabled run resumes
+    assert ssh("systemctl is-active forja-jupyter.service || true").strip() in ("active", "activating")
+    record = until(
+        lambda: next((r for r in journal_decisions() if r["reasons"][0].startswith("new boot")), None),
+        30,
+        "the first decision of the new boot",
+    )
+    assert record["decision"] == "keep"
+    assert "training unit forja-train@drill.service running" in record["reasons"]
+    assert "would-stop" not in {r["decision"] for r in journal_decisions()}  # real mode, and busy
+
+
+def test_the_spend_cap_warns_then_checkpoints_training_and_stops_the_vm():
+    prior = json.loads(ssh(f"cat {STATE_DIR}/state.json"))["prior_boots_usd"]
+    uptime = decide_once()["uptime_s"]
+    # At $3600/h the VM costs $1 a second (at least 60 s are billed per boot): the warning
+    # comes at the next check, the cap about 15 s later.
+    billed_now = prior + max(60.0, uptime)
+    cap = billed_now + 15
+    edit_config(CONFIG, hourly_rate_usd=3600.0, spend_cap_usd=cap, spend_warn_fraction=(billed_now - 1) / cap)
+    warning = until(
+        lambda: ssh(f"cat {STATE_DIR}/warning 2>/dev/null || true").strip(), 30, "the budget warning"
+    )
+    assert "raise autostop_spend_cap_usd" in warning
+    until(host_is_gone, 90, "the host to stop at the spend cap", every=0.5)
+    last = json.loads(on_disk(f"{STATE_DIR}/last_stop.json").read_text())
+    assert any(r.startswith(f"spend cap ${cap:.2f} reached") for r in last["reasons"])
+    assert "training unit forja-train@drill.service running" in last["reasons"]
+    checkpointed = on_disk("/var/lib/forja-standin/drill/checkpointed")
+    assert checkpointed.exists(), "the training unit was not asked to checkpoint before the poweroff"

@@ -1,0 +1,473 @@
+# Copyright: forja contributors
+# Apache-2.0
+"""Pure functions between the Compute API's Instance JSON and what forja asks for or reports.
+
+Kept free of I/O so they can be tested with tables: the facts the inventory and the module
+expose, the insert body, and the normalised view used to decide "changed". Normalising is what
+makes a second run report ok: the API answers with full URLs where we sent partial ones, fills
+in defaults (``provisioningModel: STANDARD``, Spot's ``instanceTerminationAction: STOP``), and
+lists the G2 GPU that the machine type attaches by itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from ansible.module_utils.forja_gcp import short_name
+from ansible.module_utils.forja_gcp_machines import GpuSpec, gpus_of_machine_type
+
+NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+ZONE_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
+LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
+METADATA_KEY_RE = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
+TAG_RE = NAME_RE
+IP_PREFERENCES = ("public_ip", "private_ip")
+DISK_TYPES = ("pd-balanced", "pd-ssd", "pd-standard", "pd-extreme", "hyperdisk-balanced")
+DISK_INTERFACES = ("NVME", "SCSI")
+TERMINATION_ACTIONS = ("STOP", "DELETE")
+MANAGED_LABEL = ("forja", "managed")
+# The scopes gcloud gives a VM by default, minus the write ones we do not need: the notebook
+# runs arbitrary code, so the VM's own credentials should not be able to change the project.
+DEFAULT_VM_SCOPES = (
+    "https://www.googleapis.com/auth/devstorage.read_only",
+    "https://www.googleapis.com/auth/logging.write",
+    "https://www.googleapis.com/auth/monitoring.write",
+)
+
+
+class SpecError(ValueError):
+    """Bad input: the message names the field and the fix."""
+
+
+def project_of(instance: dict[str, Any]) -> str:
+    """The project in an instance's selfLink (``.../projects/<p>/zones/...``)."""
+    match = re.search(r"/projects/([^/]+)/", str(instance.get("selfLink", "")))
+    return match.group(1) if match else ""
+
+
+def ips_of(instance: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(public, private) IP of the first network interface that has them."""
+    public = private = None
+    for nic in instance.get("networkInterfaces") or []:
+        private = private or nic.get("networkIP")
+        for access in nic.get("accessConfigs") or []:
+            public = public or access.get("natIP")
+    return public, private
+
+
+def choose_ip(
+    public: str | None, private: str | None, preference: tuple[str, ...] = IP_PREFERENCES
+) -> str | None:
+    """The address Ansible should connect to: the first of the preference order that is set."""
+    values = {"public_ip": public, "private_ip": private}
+    for key in preference:
+        if values.get(key):
+            return values[key]
+    return None
+
+
+def gpus_of_instance(instance: dict[str, Any]) -> tuple[str | None, int]:
+    """GPU model and count: from guestAccelerators, else what the machine type attaches (G2 etc.)."""
+    accelerators = instance.get("guestAccelerators") or []
+    if accelerators:
+        first = accelerators[0]
+        return short_name(first.get("acceleratorType")) or None, sum(
+            int(a.get("acceleratorCount", 0)) for a in accelerators
+        )
+    return gpus_of_machine_type(short_name(instance.get("machineType")))
+
+
+def provisioning_of(instance: dict[str, Any]) -> tuple[str, str | None]:
+    """(provisioning model, termination action) with the server's defaults made explicit."""
+    scheduling = instance.get("scheduling") or {}
+    model = scheduling.get("provisioningModel") or ("SPOT" if scheduling.get("preemptible") else "STANDARD")
+    action = scheduling.get("instanceTerminationAction") or ("STOP" if model == "SPOT" else None)
+    if action == "INSTANCE_TERMINATION_ACTION_UNSPECIFIED":
+        action = "STOP" if model == "SPOT" else None
+    return model, action
+
+
+def metadata_dict(instance: dict[str, Any]) -> dict[str, str]:
+    """``{items: [{key, value}]}`` -> ``{key: value}``."""
+    return {
+        item["key"]: item.get("value", "") for item in (instance.get("metadata") or {}).get("items") or []
+    }
+
+
+def instance_facts(
+    instance: dict[str, Any], ip_preference: tuple[str, ...] = IP_PREFERENCES
+) -> dict[str, Any]:
+    """The short, stable facts the inventory and the module expose (no metadata values: they hold secrets)."""
+    public, private = ips_of(instance)
+    gpu_type, gpu_count = gpus_of_instance(instance)
+    model, action = provisioning_of(instance)
+    nics = instance.get("networkInterfaces") or [{}]
+    return {
+        "name": instance.get("name"),
+        "id": str(instance.get("id", "")) or None,
+        "project": project_of(instance),
+        "zone": short_name(instance.get("zone")),
+        "status": instance.get("status"),
+        "machine_type": short_name(instance.get("machineType")),
+        "gpu_type": gpu_type,
+        "gpu_count": gpu_count,
+        "provisioning_model": model,
+        "preemptible": model == "SPOT",
+        "instance_termination_action": action,
+        "ip": choose_ip(public, private, ip_preference),
+        "public_ip": public,
+        "private_ip": private,
+        "network": short_name(nics[0].get("network")) or None,
+        "labels": dict(instance.get("labels") or {}),
+        "tags": sorted((instance.get("tags") or {}).get("items") or []),
+        "metadata_keys": sorted(metadata_dict(instance)),
+        "boot_disk_size_gb": boot_disk_size_of(instance),
+        "self_link": instance.get("selfLink"),
+        "creation_timestamp": instance.get("creationTimestamp"),
+        "last_start_timestamp": instance.get("lastStartTimestamp"),
+        "last_stop_timestamp": instance.get("lastStopTimestamp"),
+    }
+
+
+def boot_disk_size_of(instance: dict[str, Any]) -> int | None:
+    """Boot disk size in GB (it is billed while the VM is stopped; the cost guard needs it)."""
+    size = boot_disk_of(instance).get("diskSizeGb")
+    return int(size) if size not in (None, "") else None
+
+
+def value_digest(value: str) -> str:
+    """A short digest that shows a metadata value changed without showing it (ssh-keys, scripts)."""
+    return "sha256:" + hashlib.sha256(value.encode("utf-8")).hexdigest()[:12]
+
+
+@dataclass
+class InstanceSpec:
+    """What the user asked for, already validated (see ``validate_spec``)."""
+
+    name: str
+    zone: str
+    machine_type: str
+    gpus: GpuSpec
+    image: str
+    boot_disk_size_gb: int
+    boot_disk_type: str
+    boot_disk_interface: str
+    network: str
+    subnetwork: str | None
+    external_ip: bool
+    nic_type: str | None
+    tags: list[str]
+    labels: dict[str, str]
+    metadata: dict[str, str]
+    service_account_email: str | None
+    scopes: list[str]
+    spot: bool
+    instance_termination_action: str | None
+    fallback_zones: list[str] = field(default_factory=list)
+
+    @property
+    def zones(self) -> list[str]:
+        """The zone, then the fallback zones, each once, in order."""
+        ordered: list[str] = []
+        for zone in [self.zone, *self.fallback_zones]:
+            if zone not in ordered:
+                ordered.append(zone)
+        return ordered
+
+    @property
+    def termination_action(self) -> str | None:
+        """Spot's action with the server default (STOP) made explicit; None for standard VMs."""
+        return (self.instance_termination_action or "STOP") if self.spot else None
+
+
+def image_url(image: str | None, image_family: str | None, image_project: str | None, project: str) -> str:
+    """The sourceImage for a family or an image name (partial URLs kept as they are)."""
+    if image and image_family:
+        raise SpecError("image: give either image or image_family, not both")
+    if not image and not image_family:
+        raise SpecError("image_family: give image_family (with image_project) or image")
+    owner = image_project or project
+    if image_family:
+        return (
+            image_family if "/" in image_family else f"projects/{owner}/global/images/family/{image_family}"
+        )
+    assert image is not None
+    return image if "/" in image else f"projects/{owner}/global/images/{image}"
+
+
+def validate_labels(labels: dict[str, Any], field_name: str = "labels") -> dict[str, str]:
+    """GCP label rules: lowercase keys starting with a letter, values of [a-z0-9_-], 63 chars each."""
+    clean: dict[str, str] = {}
+    for key, value in (labels or {}).items():
+        text = "" if value is None else str(value)
+        if not LABEL_KEY_RE.match(str(key)):
+            raise SpecError(
+                f"{field_name}: key '{key}' must start with a lowercase letter and hold only a-z, 0-9, "
+                "'_' or '-' (63 characters at most)"
+            )
+        if not LABEL_VALUE_RE.match(text):
+            raise SpecError(
+                f"{field_name}: value of '{key}' must hold only a-z, 0-9, '_' or '-' (63 at most)"
+            )
+        clean[str(key)] = text
+    return clean
+
+
+def validate_source_ranges(ranges: list[str]) -> list[str]:
+    """CIDRs for SSH ingress; refuses the whole internet (the point is IAP or a short list)."""
+    clean = []
+    for text in ranges:
+        try:
+            net = ipaddress.ip_network(str(text), strict=False)
+        except ValueError as exc:
+            raise SpecError(f"source_ranges: '{text}' is not an IP address or CIDR ({exc})") from None
+        if net.prefixlen == 0:
+            raise SpecError(
+                f"source_ranges: '{text}' opens SSH to the whole internet; use Google's IAP range "
+                "35.235.240.0/20 (gcloud compute ssh --tunnel-through-iap) or your own address/32"
+            )
+        clean.append(str(net))
+    return clean
+
+
+def validate_spec(params: dict[str, Any], project: str, gpus: GpuSpec) -> InstanceSpec:
+    """Check the user's parameters; every error names the field and the fix, before any change."""
+    name = params["name"]
+    if not NAME_RE.match(name or ""):
+        raise SpecError(
+            f"name: '{name}' must be 1-63 lowercase letters, digits or '-', start with a letter and not "
+            "end with '-'"
+        )
+    zones = [params["zone"], *(params.get("fallback_zones") or [])]
+    for zone in zones:
+        if not ZONE_RE.match(zone or ""):
+            field_name = "zone" if zone == params["zone"] else "fallback_zones"
+            raise SpecError(f"{field_name}: '{zone}' is not a zone name such as us-east1-d")
+    spot = bool(params.get("spot"))
+    action = params.get("instance_termination_action")
+    if action and not spot:
+        raise SpecError(
+            f"instance_termination_action: '{action}' applies only to Spot VMs; set spot: true or drop "
+            "instance_termination_action"
+        )
+    if action and action not in TERMINATION_ACTIONS:
+        raise SpecError(f"instance_termination_action: '{action}' must be STOP or DELETE")
+    size = int(params.get("boot_disk_size_gb") or 0)
+    if size < 10 or size > 65536:
+        raise SpecError(f"boot_disk_size_gb: {size} is out of range; boot disks are 10 to 65536 GB")
+    disk_type = params.get("boot_disk_type") or "pd-balanced"
+    if disk_type not in DISK_TYPES:
+        raise SpecError(f"boot_disk_type: '{disk_type}' must be one of {', '.join(DISK_TYPES)}")
+    interface = (params.get("boot_disk_interface") or "NVME").upper()
+    if interface not in DISK_INTERFACES:
+        raise SpecError(f"boot_disk_interface: '{interface}' must be NVME or SCSI")
+    tags = [str(t) for t in params.get("tags") or []]
+    for tag in tags:
+        if not TAG_RE.match(tag):
+            raise SpecError(f"tags: '{tag}' must be lowercase letters, digits or '-', starting with a letter")
+    metadata = {str(k): "" if v is None else str(v) for k, v in (params.get("metadata") or {}).items()}
+    for key in metadata:
+        if not METADATA_KEY_RE.match(key):
+            raise SpecError(f"metadata: key '{key}' must hold only letters, digits, '_' or '-'")
+    ssh_keys = [str(k).strip() for k in params.get("ssh_keys") or []]
+    for entry in ssh_keys:
+        user, _, key = entry.partition(":")
+        if not user or not key.startswith(("ssh-", "ecdsa-", "sk-")):
+            raise SpecError("ssh_keys: each entry must read 'USER:ssh-ed25519 AAAA... comment'")
+    if ssh_keys:
+        if "ssh-keys" in metadata:
+            raise SpecError("metadata: give SSH keys either as ssh_keys or as metadata['ssh-keys'], not both")
+        metadata["ssh-keys"] = "\n".join(ssh_keys)
+    labels = validate_labels(params.get("labels") or {})
+    labels.setdefault(*MANAGED_LABEL)
+    return InstanceSpec(
+        name=name,
+        zone=params["zone"],
+        machine_type=params["machine_type"],
+        gpus=gpus,
+        image=image_url(
+            params.get("image"), params.get("image_family"), params.get("image_project"), project
+        ),
+        boot_disk_size_gb=size,
+        boot_disk_type=disk_type,
+        boot_disk_interface=interface,
+        network=params.get("network") or "default",
+        subnetwork=params.get("subnetwork") or None,
+        external_ip=bool(params.get("external_ip", True)),
+        nic_type=params.get("nic_type") or None,
+        tags=sorted(set(tags)),
+        labels=labels,
+        metadata=metadata,
+        service_account_email=params.get("service_account_email") or None,
+        scopes=list(params.get("scopes") or DEFAULT_VM_SCOPES),
+        spot=spot,
+        instance_termination_action=action or None,
+        fallback_zones=list(params.get("fallback_zones") or []),
+    )
+
+
+def scheduling_body(spec: InstanceSpec) -> dict[str, Any]:
+    """Scheduling: GPUs cannot live-migrate, so TERMINATE on host maintenance whenever a GPU is there."""
+    has_gpu = spec.gpus.gpu_count > 0
+    if spec.spot:
+        return {
+            "provisioningModel": "SPOT",
+            "instanceTerminationAction": spec.termination_action,
+            "onHostMaintenance": "TERMINATE",
+            "automaticRestart": False,
+        }
+    return {
+        "provisioningModel": "STANDARD",
+        "onHostMaintenance": "TERMINATE" if has_gpu else "MIGRATE",
+        "automaticRestart": True,
+    }
+
+
+def insert_body(spec: InstanceSpec, zone: str, project: str) -> dict[str, Any]:
+    """The instances.insert body for one zone (zone-scoped URLs are rebuilt per fallback zone)."""
+    nic: dict[str, Any] = {
+        "network": spec.network if "/" in spec.network else f"global/networks/{spec.network}"
+    }
+    if spec.subnetwork:
+        nic["subnetwork"] = (
+            spec.subnetwork
+            if "/" in spec.subnetwork
+            else f"regions/{zone.rsplit('-', 1)[0]}/subnetworks/{spec.subnetwork}"
+        )
+    if spec.nic_type:
+        nic["nicType"] = spec.nic_type
+    if spec.external_ip:
+        nic["accessConfigs"] = [{"name": "External NAT", "type": "ONE_TO_ONE_NAT", "networkTier": "PREMIUM"}]
+    body: dict[str, Any] = {
+        "name": spec.name,
+        "machineType": f"zones/{zone}/machineTypes/{spec.machine_type}",
+        "scheduling": scheduling_body(spec),
+        "disks": [
+            {
+                "boot": True,
+                "autoDelete": True,
+                "type": "PERSISTENT",
+                "interface": spec.boot_disk_interface,
+                "initializeParams": {
+                    "sourceImage": spec.image,
+                    "diskSizeGb": str(spec.boot_disk_size_gb),
+                    "diskType": f"zones/{zone}/diskTypes/{spec.boot_disk_type}",
+                },
+            }
+        ],
+        "networkInterfaces": [nic],
+        "labels": dict(spec.labels),
+        "metadata": {"items": [{"key": k, "value": v} for k, v in sorted(spec.metadata.items())]},
+        "serviceAccounts": [{"email": spec.service_account_email or "default", "scopes": list(spec.scopes)}],
+    }
+    if spec.tags:
+        body["tags"] = {"items": list(spec.tags)}
+    if spec.gpus.attach and spec.gpus.gpu_type:
+        body["guestAccelerators"] = [
+            {
+                "acceleratorType": f"projects/{project}/zones/{zone}/acceleratorTypes/{spec.gpus.gpu_type}",
+                "acceleratorCount": spec.gpus.gpu_count,
+            }
+        ]
+    return body
+
+
+def boot_disk_of(instance: dict[str, Any]) -> dict[str, Any]:
+    for disk in instance.get("disks") or []:
+        if disk.get("boot"):
+            return disk
+    return {}
+
+
+def immutable_differences(spec: InstanceSpec, instance: dict[str, Any]) -> list[str]:
+    """Fields this module does not change on an existing VM that differ from what was asked.
+
+    Compared after normalising (short names, server defaults); values the server did not return
+    are not compared, so a sparse answer never causes a false "changed".
+    """
+    gpu_type, gpu_count = gpus_of_instance(instance)
+    model, action = provisioning_of(instance)
+    pairs = [
+        ("machine_type", spec.machine_type, short_name(instance.get("machineType"))),
+        ("gpu_type", spec.gpus.gpu_type, gpu_type),
+        ("gpu_count", spec.gpus.gpu_count, gpu_count),
+        ("spot", "SPOT" if spec.spot else "STANDARD", model),
+        ("instance_termination_action", spec.termination_action, action),
+    ]
+    disk = boot_disk_of(instance)
+    if disk.get("diskSizeGb") is not None:
+        pairs.append(("boot_disk_size_gb", spec.boot_disk_size_gb, int(disk["diskSizeGb"])))
+    if disk.get("interface"):
+        pairs.append(("boot_disk_interface", spec.boot_disk_interface, disk["interface"]))
+    return [f"{name} (asked {want!r}, is {have!r})" for name, want, have in pairs if want != have]
+
+
+def wanted_labels(spec: InstanceSpec, current: dict[str, str], purge: bool) -> dict[str, str]:
+    """Labels after the update: ours over the current ones (or only ours when purging)."""
+    return dict(spec.labels) if purge else {**current, **spec.labels}
+
+
+def wanted_metadata(spec: InstanceSpec, current: dict[str, str], purge: bool) -> dict[str, str]:
+    """Metadata after the update: ours over the current ones (or only ours when purging).
+
+    Not purging by default: ``gcloud compute ssh`` adds its own ssh-keys entry, removing it would
+    lock the user out.
+    """
+    return dict(spec.metadata) if purge else {**current, **spec.metadata}
+
+
+def comparable_view(facts: dict[str, Any] | None, metadata: dict[str, str] | None) -> dict[str, Any]:
+    """What --diff shows: the managed fields, metadata values as digests."""
+    if not facts:
+        return {}
+    view = {
+        k: facts.get(k)
+        for k in (
+            "name",
+            "zone",
+            "status",
+            "machine_type",
+            "gpu_type",
+            "gpu_count",
+            "provisioning_model",
+            "instance_termination_action",
+            "labels",
+            "tags",
+        )
+    }
+    view["metadata"] = {k: value_digest(v) for k, v in sorted((metadata or {}).items())}
+    return view
+
+
+def predicted_facts(spec: InstanceSpec, zone: str, project: str, status: str) -> dict[str, Any]:
+    """The facts a VM made from ``spec`` would have (used in check mode, before it exists)."""
+    return {
+        "name": spec.name,
+        "id": None,
+        "project": project,
+        "zone": zone,
+        "status": status,
+        "machine_type": spec.machine_type,
+        "gpu_type": spec.gpus.gpu_type,
+        "gpu_count": spec.gpus.gpu_count,
+        "provisioning_model": "SPOT" if spec.spot else "STANDARD",
+        "preemptible": spec.spot,
+        "instance_termination_action": spec.termination_action,
+        "ip": None,
+        "public_ip": None,
+        "private_ip": None,
+        "network": short_name(spec.network),
+        "labels": dict(spec.labels),
+        "tags": list(spec.tags),
+        "metadata_keys": sorted(spec.metadata),
+        "boot_disk_size_gb": spec.boot_disk_size_gb,
+        "self_link": None,
+        "creation_timestamp": None,
+        "last_start_timestamp": None,
+        "last_stop_timestamp": None,
+    }

@@ -1,0 +1,275 @@
+#!/usr/bin/python
+"""Ansible module forja_bundle: a reproducible, secret-free tarball of folders, built on the controller."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: forja_bundle
+short_description: Pack folders into a content-addressed tarball, leaving secrets and junk out
+description:
+  - Packs one or more controller folders into a single C(.tar.gz) whose name is the SHA-256 of its content,
+    so an unchanged project gives the same file and a later copy/unarchive reports no change.
+  - The archive is reproducible - entries sorted, times, owners and gzip header zeroed, modes normalised to
+    0644 or 0755 - so its hash depends on the file contents and names only.
+  - Files and folders matching O(excludes) are skipped; with O(detect_secrets) files that look like private
+    keys or service-account keys are skipped too, whatever their name, and reported.
+  - The archive holds a C(.forja-bundle) manifest (JSON) listing what was packed; roles use it as the
+    C(creates) marker when unpacking.
+  - "Run it on the controller (C(delegate_to: localhost)); it never reads or writes on managed hosts."
+version_added: "0.1.0"
+author: forja
+options:
+  sources:
+    description:
+      - Folders to pack. Each item has C(path) (a folder on the controller) and C(prefix) (the folder it gets
+        inside the archive). A missing folder is an error that names it.
+    type: list
+    elements: dict
+    required: true
+  excludes:
+    description:
+      - Glob patterns to leave out. A pattern without C(/) matches any file or folder name at any depth
+        (C(.git), C(*.pem)); one with C(/) matches the path relative to the source folder (C(data/raw/*)).
+        An excluded folder is not descended into.
+    type: list
+    elements: str
+    default: []
+  detect_secrets:
+    description:
+      - Also leave out files whose first 64 KiB contain a PEM private key or a Google service-account key.
+    type: bool
+    default: true
+  dest:
+    description:
+      - Controller folder for bundles; created with mode 0700 when missing.
+    type: path
+    required: true
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Pack the trainer and the project
+  forja_bundle:
+    sources:
+      - {path: "{{ playbook_dir }}/../trainer", prefix: trainer}
+      - {path: ~/my-project, prefix: project}
+    excludes: [.git, .env, "*.pem", __pycache__]
+    dest: ~/.cache/forja/bundles
+  delegate_to: localhost
+  become: false
+  register: bundle
+
+- name: Say what will be sent
+  ansible.builtin.debug:
+    msg: "{{ bundle.files }} files, {{ bundle.size_human }}; {{ bundle.excluded }} left out"
+"""
+
+RETURN = r"""
+path:
+  description: Absolute path of the bundle on the controller.
+  returned: always
+  type: str
+  sample: /root/.cache/forja/bundles/bundle-3f2a9c1d0b7e4a51.tar.gz
+name:
+  description: File name of the bundle.
+  returned: always
+  type: str
+  sample: bundle-3f2a9c1d0b7e4a51.tar.gz
+sha256:
+  description: SHA-256 of the archive; its first 16 hex digits name the file.
+  returned: always
+  type: str
+files:
+  description: Number of files packed (the manifest not counted).
+  returned: always
+  type: int
+  sample: 42
+bytes:
+  description: Total size of the packed files before compression.
+  returned: always
+  type: int
+size_human:
+  description: O(bytes) for people (KiB, MiB).
+  returned: always
+  type: str
+  sample: 1.3 MiB
+excluded:
+  description: Number of files and folders left out (an excluded folder counts once).
+  returned: always
+  type: int
+excluded_sample:
+  description: Up to 20 of the paths left out, as C(prefix/relative/path).
+  returned: always
+  type: list
+  elements: str
+secrets_excluded:
+  description: Paths left out because their content looks like a private key or a service-account key.
+  returned: always
+  type: list
+  elements: str
+"""
+
+import fnmatch
+import gzip
+import hashlib
+import io
+import json
+import os
+import stat
+import tarfile
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
+
+SNIFF_BYTES = 64 * 1024
+MANIFEST = ".forja-bundle"
+
+
+def is_excluded(rel_path: str, name: str, patterns: list[str]) -> bool:
+    """Name patterns match at any depth; patterns with a slash match the relative path."""
+    for pat in patterns:
+        target = rel_path if "/" in pat else name
+        if fnmatch.fnmatchcase(target, pat.rstrip("/")):
+            return True
+    return False
+
+
+def looks_like_secret(path: str) -> bool:
+    """A private key or a service-account key, whatever the file is called."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(SNIFF_BYTES)
+    except OSError:
+        return False
+    if b"-----BEGIN" in head and b"PRIVATE KEY-----" in head:
+        return True
+    return b'"private_key"' in head and b'"service_account"' in head
+
+
+def collect(sources: list[dict], patterns: list[str], detect: bool) -> tuple[list, list, list]:
+    """Walk the sources; return (files as (archive name, path, executable)), excluded, secrets."""
+    files: list[tuple[str, str, bool]] = []
+    excluded: list[str] = []
+    secrets: list[str] = []
+    for src in sources:
+        root = os.path.realpath(os.path.expanduser(src["path"]))
+        prefix = src["prefix"].strip("/")
+        for dirpath, dirnames, filenames in os.walk(root):
+            rel_dir = os.path.relpath(dirpath, root)
+            rel_dir = "" if rel_dir == "." else rel_dir
+            keep = []
+            for d in sorted(dirnames):
+                rel = f"{rel_dir}/{d}" if rel_dir else d
+                if is_excluded(rel, d, patterns) or os.path.islink(os.path.join(dirpath, d)):
+                    excluded.append(f"{prefix}/{rel}/")
+                else:
+                    keep.append(d)
+            dirnames[:] = keep
+            for f in sorted(filenames):
+                rel = f"{rel_dir}/{f}" if rel_dir else f
+                full = os.path.join(dirpath, f)
+                st = os.lstat(full)
+                if not stat.S_ISREG(st.st_mode) or is_excluded(rel, f, patterns):
+                    excluded.append(f"{prefix}/{rel}")
+                elif detect and looks_like_secret(full):
+                    excluded.append(f"{prefix}/{rel}")
+                    secrets.append(f"{prefix}/{rel}")
+                else:
+                    files.append((f"{prefix}/{rel}", full, bool(st.st_mode & stat.S_IXUSR)))
+    files.sort()
+    return files, excluded, secrets
+
+
+def _info(name: str, size: int, executable: bool) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.mtime = 0
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    info.mode = 0o755 if executable else 0o644
+    return info
+
+
+def write_archive(files: list[tuple[str, str, bool]], out: io.BufferedIOBase) -> int:
+    """Reproducible tar.gz of `files` plus the manifest; returns the packed byte count."""
+    total = 0
+    manifest = json.dumps({"files": [name for name, _, _ in files]}, indent=1).encode()
+    with gzip.GzipFile(filename="", mode="wb", fileobj=out, mtime=0) as gz, tarfile.open(
+        fileobj=gz, mode="w", format=tarfile.PAX_FORMAT
+    ) as tar:
+        tar.addfile(_info(MANIFEST, len(manifest), False), io.BytesIO(manifest))
+        for name, path, executable in files:
+            size = os.path.getsize(path)
+            total += size
+            with open(path, "rb") as fh:
+                tar.addfile(_info(name, size, executable), fh)
+    return total
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "sources": {"type": "list", "elements": "dict", "required": True},
+            "excludes": {"type": "list", "elements": "str", "default": []},
+            "detect_secrets": {"type": "bool", "default": True},
+            "dest": {"type": "path", "required": True},
+        },
+        supports_check_mode=True,
+    )
+    sources = module.params["sources"]
+    for i, src in enumerate(sources):
+        if not isinstance(src, dict) or not src.get("path") or not src.get("prefix"):
+            module.fail_json(msg=f"sources[{i}]: needs 'path' (a controller folder) and 'prefix' (a name)")
+        if not os.path.isdir(os.path.expanduser(src["path"])):
+            module.fail_json(msg=f"sources[{i}].path: {src['path']!r} is not a folder on the controller")
+    files, excluded, secrets = collect(sources, module.params["excludes"], module.params["detect_secrets"])
+
+    dest = module.params["dest"]
+    os.makedirs(dest, mode=0o700, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".bundle-", suffix=".tmp", dir=dest)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            total = write_archive(files, out)
+        digest = hashlib.sha256()
+        with open(tmp, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(chunk)
+        sha = digest.hexdigest()
+        name = f"bundle-{sha[:16]}.tar.gz"
+        path = os.path.join(dest, name)
+        changed = not os.path.exists(path)
+        if changed and not module.check_mode:
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    module.exit_json(
+        changed=changed,
+        path=path,
+        name=name,
+        sha256=sha,
+        files=len(files),
+        bytes=total,
+        size_human=human(total),
+        excluded=len(excluded),
+        excluded_sample=excluded[:20],
+        secrets_excluded=secrets,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,209 @@
+#!/usr/bin/python
+# Copyright: forja contributors
+# Apache-2.0
+"""An SSH-only ingress firewall rule for forja's GPU VMs, from Google's IAP range by default."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.forja_gcp import (
+    AUTH_ARGUMENT_SPEC,
+    GcpClient,
+    GcpError,
+    config_from_params,
+    short_name,
+)
+from ansible.module_utils.forja_gcp_instance import NAME_RE, SpecError, validate_source_ranges
+
+DOCUMENTATION = r"""
+module: gcp_gpu_firewall
+short_description: Allow SSH to forja's GPU VMs only from Google's IAP range or listed addresses
+description:
+  - Manages one VPC ingress rule that allows C(tcp:22) to VMs carrying O(target_tags).
+  - The source is Google's IAP TCP-forwarding range C(35.235.240.0/20) by default
+    (C(gcloud compute ssh --tunnel-through-iap)), or the addresses you list. C(0.0.0.0/0) is refused.
+  - It never opens any other port. Jupyter listens on 127.0.0.1 on the VM and is reached through the
+    SSH tunnel, so no rule for its port exists, by design; there is no option to add one.
+  - Idempotent, with check mode and C(--diff). Runs on the controller.
+version_added: "0.1.0"
+author: forja contributors
+options:
+  name:
+    description: Firewall rule name.
+    type: str
+    default: forja-allow-ssh
+  state:
+    description: Whether the rule exists.
+    type: str
+    choices: [present, absent]
+    default: present
+  network:
+    description: VPC network name.
+    type: str
+    default: default
+  source_ranges:
+    description: CIDRs allowed to reach port 22. A prefix length of 0 (the whole internet) is refused.
+    type: list
+    elements: str
+    default: [35.235.240.0/20]
+  target_tags:
+    description: Network tags of the VMs the rule applies to.
+    type: list
+    elements: str
+    default: [forja-ssh]
+  priority:
+    description: Rule priority (lower wins).
+    type: int
+    default: 1000
+  project:
+    description: GCP project ID. Defaults to E(FORJA_GCP_PROJECT).
+    type: str
+  api_url:
+    description: Compute API base URL; defaults to E(FORJA_GCP_API_URL).
+    type: str
+  auth_kind:
+    description: How to authenticate; see M(gcp_gpu_instance).
+    type: str
+    default: auto
+    choices: [auto, serviceaccount, application, accesstoken, machineaccount]
+  credentials_file:
+    description: Service-account JSON key; defaults to E(FORJA_GCP_CREDENTIALS_FILE).
+    type: path
+  credentials_json:
+    description: The service-account JSON key itself (never logged).
+    type: str
+  access_token:
+    description: An OAuth access token (never logged).
+    type: str
+  request_timeout:
+    description: Seconds to wait for one HTTP answer.
+    type: float
+    default: 30.0
+  operation_timeout:
+    description: Seconds to wait for the operation to finish.
+    type: float
+    default: 900.0
+notes:
+  - Supports C(check_mode) and C(diff).
+seealso:
+  - name: IAP TCP forwarding
+    description: The 35.235.240.0/20 range and C(gcloud compute ssh --tunnel-through-iap).
+    link: https://cloud.google.com/iap/docs/using-tcp-forwarding
+"""
+
+EXAMPLES = r"""
+- name: Allow SSH through IAP only
+  gcp_gpu_firewall:
+    project: my-project
+  delegate_to: localhost
+
+- name: Allow SSH from one office address as well
+  gcp_gpu_firewall:
+    project: my-project
+    source_ranges: [35.235.240.0/20, 203.0.113.7/32]
+  delegate_to: localhost
+"""
+
+RETURN = r"""
+firewall:
+  description: The rule as it is (or would be) after the run.
+  returned: when state is present
+  type: dict
+  contains:
+    name: {description: Rule name., type: str}
+    network: {description: Network (short name)., type: str}
+    source_ranges: {description: Allowed sources., type: list}
+    target_tags: {description: Target tags., type: list}
+    ports: {description: Always the single port 22., type: list}
+"""
+
+SSH_PORT = "22"
+
+
+def rule_view(rule: dict[str, Any] | None) -> dict[str, Any]:
+    """The fields we manage, normalised (short network name, sorted lists)."""
+    if not rule:
+        return {}
+    ports = sorted({p for a in rule.get("allowed") or [] for p in a.get("ports") or []})
+    return {
+        "name": rule.get("name"),
+        "network": short_name(rule.get("network")),
+        "source_ranges": sorted(rule.get("sourceRanges") or []),
+        "target_tags": sorted(rule.get("targetTags") or []),
+        "ports": ports,
+        "priority": int(rule.get("priority", 1000)),
+    }
+
+
+def rule_body(params: dict[str, Any], ranges: list[str]) -> dict[str, Any]:
+    return {
+        "name": params["name"],
+        "network": f"global/networks/{params['network']}",
+        "direction": "INGRESS",
+        "priority": params["priority"],
+        "sourceRanges": sorted(ranges),
+        "targetTags": sorted(params["target_tags"]),
+        "allowed": [{"IPProtocol": "tcp", "ports": [SSH_PORT]}],
+        "description": "forja: SSH only (Jupyter is reached through the SSH tunnel)",
+    }
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "name": {"type": "str", "default": "forja-allow-ssh"},
+            "state": {"type": "str", "default": "present", "choices": ["present", "absent"]},
+            "network": {"type": "str", "default": "default"},
+            "source_ranges": {"type": "list", "elements": "str", "default": ["35.235.240.0/20"]},
+            "target_tags": {"type": "list", "elements": "str", "default": ["forja-ssh"]},
+            "priority": {"type": "int", "default": 1000},
+            **AUTH_ARGUMENT_SPEC,
+        },
+        mutually_exclusive=[("credentials_file", "credentials_json")],
+        supports_check_mode=True,
+    )
+    params = module.params
+    try:
+        if not NAME_RE.match(params["name"]):
+            raise SpecError(f"name: '{params['name']}' must be lowercase letters, digits or '-'")
+        if not params["target_tags"]:
+            raise SpecError(
+                "target_tags: give at least one tag, or the rule would apply to every VM of the network"
+            )
+        ranges = validate_source_ranges(params["source_ranges"])
+        if not ranges:
+            raise SpecError("source_ranges: give at least one CIDR (35.235.240.0/20 is Google's IAP range)")
+        config = config_from_params(params, "forja-gcp-gpu-firewall/0.1")
+        project = config.resolved_project()
+        if not project:
+            raise SpecError("project: not set; set project or FORJA_GCP_PROJECT")
+        client = GcpClient(config)
+        path = f"projects/{project}/global/firewalls/{params['name']}"
+        current = client.get(path, allow_404=True)
+        want = rule_body(params, ranges)
+        before, after = rule_view(current), rule_view(want) if params["state"] == "present" else {}
+        changed = before != after
+        if changed and not module.check_mode:
+            if params["state"] == "absent":
+                op = client.request("DELETE", path)
+            elif current:
+                op = client.request("PATCH", path, body=want)
+            else:
+                op = client.request("POST", f"projects/{project}/global/firewalls", body=want)
+            client.wait_operation(op or {}, project=project, timeout_s=float(params["operation_timeout"]))
+    except SpecError as exc:
+        module.fail_json(msg=str(exc), changed=False)
+    except GcpError as exc:
+        module.fail_json(msg=exc.message, http_status=exc.status, reason=exc.reason)
+    result: dict[str, Any] = {"changed": changed}
+    if params["state"] == "present":
+        result["firewall"] = after
+    if module._diff:
+        result["diff"] = {"before": before, "after": after}
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,698 @@
+#!/usr/bin/python
+# Copyright: forja contributors
+# Apache-2.0
+"""Create, start, stop or delete one GPU VM on Compute Engine, idempotently."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.forja_gcp import (
+    AUTH_ARGUMENT_SPEC,
+    GcpApiError,
+    GcpClient,
+    GcpError,
+    GcpOperationError,
+    config_from_params,
+)
+from ansible.module_utils.forja_gcp_instance import (
+    InstanceSpec,
+    SpecError,
+    comparable_view,
+    immutable_differences,
+    insert_body,
+    instance_facts,
+    metadata_dict,
+    predicted_facts,
+    validate_spec,
+    wanted_labels,
+    wanted_metadata,
+)
+from ansible.module_utils.forja_gcp_machines import MachineSpecError, resolve_gpus
+
+DOCUMENTATION = r"""
+module: gcp_gpu_instance
+short_description: Manage one Compute Engine GPU VM (G2/L4 by default), with Spot and zone fallback
+description:
+  - Creates, starts, stops or deletes one Compute Engine VM with GPUs, the way forja needs it.
+  - Checks the machine type against the GPU asked for before any call (C(g2-standard-8) comes with
+    exactly one NVIDIA L4 attached by the machine type; A2 and A3 likewise; N1 takes attached T4, V100
+    or P100 in fixed counts), then checks with the API that the zone, the machine type and the GPU exist
+    there. Bad input fails with a message naming the field and the fix, and nothing is created.
+  - GPU VMs cannot live-migrate, so C(onHostMaintenance=TERMINATE) is always set when a GPU is present.
+  - On a stock-out (C(ZONE_RESOURCE_POOL_EXHAUSTED)) the next zone of O(fallback_zones) is tried; a VM
+    left behind by a failed insert is deleted, so no half-made resources remain.
+  - Idempotent. Values are compared after normalising (full versus partial URLs, server-filled
+    defaults such as Spot's termination action), so a second run reports C(ok). Labels, metadata and
+    network tags of an existing VM are updated in place with their fingerprints (a stale fingerprint,
+    HTTP 412, is re-read and retried once). Machine type, GPUs, Spot and the boot disk are not changed on
+    an existing VM; a difference fails with a message saying so.
+  - Supports check mode and C(--diff). Metadata values appear in the diff only as digests (they hold SSH
+    keys and scripts), and never in the return values.
+  - Runs on the controller (C(delegate_to=localhost)); needs C(google-auth) and C(requests) there.
+version_added: "0.1.0"
+author: forja contributors
+options:
+  name:
+    description: Instance name (RFC 1035, 1 to 63 characters).
+    type: str
+    required: true
+  state:
+    description:
+      - C(present) creates the VM (running) if it is missing and leaves the power state of an existing one.
+      - C(started) and C(stopped) also start or stop it. C(absent) deletes it with its boot disk.
+    type: str
+    choices: [present, absent, started, stopped]
+    default: present
+  zone:
+    description: Zone to create the VM in, and the first place to look for it.
+    type: str
+    default: us-east1-d
+  fallback_zones:
+    description:
+      - Zones tried in order when the zone is out of stock. An existing VM is also looked for there.
+    type: list
+    elements: str
+    default: []
+  machine_type:
+    description: Machine type name.
+    type: str
+    default: g2-standard-8
+  gpu_type:
+    description:
+      - GPU model. Leave unset for G2/A2/A3 (the machine type brings its GPUs); when set there, it must
+        match. Required to attach GPUs to N1.
+    type: str
+  gpu_count:
+    description: Number of GPUs; for G2/A2/A3 it must equal what the machine type carries.
+    type: int
+  image_family:
+    description: Image family of O(image_project) to boot from (mutually exclusive with O(image)).
+    type: str
+  image:
+    description: Image name or partial URL to boot from (mutually exclusive with O(image_family)).
+    type: str
+  image_project:
+    description: Project owning the image or family.
+    type: str
+    default: deeplearning-platform-release
+  boot_disk_size_gb:
+    description: Boot disk size in GB.
+    type: int
+    default: 300
+  boot_disk_type:
+    description: Boot disk type.
+    type: str
+    default: pd-balanced
+    choices: [pd-balanced, pd-ssd, pd-standard, pd-extreme, hyperdisk-balanced]
+  boot_disk_interface:
+    description: Boot disk interface.
+    type: str
+    default: NVME
+    choices: [NVME, SCSI]
+  network:
+    description: VPC network name or partial URL.
+    type: str
+    default: default
+  subnetwork:
+    description: Subnetwork name or partial URL (needed for custom-mode networks).
+    type: str
+  external_ip:
+    description: Give the VM an ephemeral public IP (needed for direct SSH; IAP does not need it).
+    type: bool
+    default: true
+  nic_type:
+    description:
+      - Virtual NIC type. Unset lets the API choose (the DLVM images support gVNIC). Only used at creation.
+    type: str
+    choices: [GVNIC, VIRTIO_NET]
+  tags:
+    description: Network tags (firewall rules select VMs by them). Replaced as a whole on update.
+    type: list
+    elements: str
+    default: []
+  labels:
+    description: Labels. C(forja=managed) is always added. Merged into existing labels unless O(purge_labels).
+    type: dict
+    default: {}
+  purge_labels:
+    description: Remove labels of an existing VM that are not in O(labels).
+    type: bool
+    default: false
+  metadata:
+    description:
+      - Metadata key/values. Merged into existing metadata unless O(purge_metadata) (C(gcloud compute ssh)
+        adds its own C(ssh-keys), which a purge would remove).
+    type: dict
+    default: {}
+  purge_metadata:
+    description: Remove metadata keys of an existing VM that are not in O(metadata) or O(ssh_keys).
+    type: bool
+    default: false
+  ssh_keys:
+    description: SSH public keys as C(USER:KEY) lines, stored in the C(ssh-keys) metadata entry.
+    type: list
+    elements: str
+    default: []
+  service_account_email:
+    description: Service account the VM runs as; unset means the project's default compute account.
+    type: str
+  scopes:
+    description:
+      - OAuth scopes of the VM's service account. The default is read-only storage plus logging and
+        monitoring writes, so code in a notebook cannot change the project with the VM's credentials.
+    type: list
+    elements: str
+  spot:
+    description: Create a Spot VM (C(provisioningModel=SPOT)); cheaper, may be preempted at any time.
+    type: bool
+    default: false
+  instance_termination_action:
+    description: What preemption does to a Spot VM (the API default is STOP). Only valid with O(spot=true).
+    type: str
+    choices: [STOP, DELETE]
+  ip_preference:
+    description: Order in which the public and private IP are tried for the returned C(ip).
+    type: list
+    elements: str
+    default: [public_ip, private_ip]
+  wait:
+    description: Wait for every operation to finish (the facts returned are then final).
+    type: bool
+    default: true
+  project:
+    description: GCP project ID. Defaults to the environment variable E(FORJA_GCP_PROJECT).
+    type: str
+  api_url:
+    description:
+      - Compute API base URL; defaults to E(FORJA_GCP_API_URL), else C(https://compute.googleapis.com/compute/v1/).
+      - Point it at the local emulator for tests and the sandbox.
+    type: str
+  auth_kind:
+    description:
+      - C(auto) uses O(credentials_json) or O(credentials_file) (or E(FORJA_GCP_CREDENTIALS_FILE)) if given,
+        else O(access_token) (or E(FORJA_GCP_ACCESS_TOKEN)), else application default credentials.
+      - C(machineaccount) uses the metadata server of the GCE VM Ansible runs on.
+    type: str
+    default: auto
+    choices: [auto, serviceaccount, application, accesstoken, machineaccount]
+  credentials_file:
+    description: Path of a service-account JSON key; defaults to E(FORJA_GCP_CREDENTIALS_FILE).
+    type: path
+  credentials_json:
+    description: The service-account JSON key itself (never logged).
+    type: str
+  access_token:
+    description: An OAuth access token (never logged).
+    type: str
+  request_timeout:
+    description: Seconds to wait for one HTTP answer.
+    type: float
+    default: 30.0
+  operation_timeout:
+    description: Seconds to wait for one operation (insert, start, stop, delete) to finish.
+    type: float
+    default: 900.0
+notes:
+  - Supports C(check_mode) and C(diff).
+  - Runs on the controller; use C(delegate_to=localhost) or C(connection=local).
+seealso:
+  - name: Compute Engine GPU machine types
+    description: Which GPUs each machine family carries.
+    link: https://cloud.google.com/compute/docs/gpus
+  - name: Spot VMs
+    description: provisioningModel SPOT and instanceTerminationAction.
+    link: https://cloud.google.com/compute/docs/instances/spot
+"""
+
+EXAMPLES = r"""
+- name: Create the L4 training VM like the user's (g2-standard-8, us-east1-d, DLVM PyTorch 2.7 image)
+  gcp_gpu_instance:
+    name: forja-l4
+    project: my-project
+    zone: us-east1-d
+    machine_type: g2-standard-8
+    image_family: pytorch-2-7-cu128-ubuntu-2204-nvidia-570
+    boot_disk_size_gb: 300
+  delegate_to: localhost
+  register: vm
+
+- name: Create a Spot VM, trying two more zones if us-east1-d is out of L4s
+  gcp_gpu_instance:
+    name: forja-l4-spot
+    project: my-project
+    zone: us-east1-d
+    fallback_zones: [us-east1-b, us-central1-a]
+    image_family: pytorch-2-7-cu128-ubuntu-2204-nvidia-570
+    spot: true
+    instance_termination_action: STOP
+    ssh_keys:
+      - "ansible:ssh-ed25519 AAAAC3Nza... ansible@controller"
+    labels:
+      owner: alice
+  delegate_to: localhost
+
+- name: Stop the VM (the disk stays, billing of the GPU stops)
+  gcp_gpu_instance:
+    name: forja-l4
+    project: my-project
+    state: stopped
+  delegate_to: localhost
+
+- name: Delete the VM and its boot disk
+  gcp_gpu_instance:
+    name: forja-l4
+    project: my-project
+    state: absent
+  delegate_to: localhost
+"""
+
+RETURN = r"""
+instance:
+  description: Facts about the VM (the same short names the gcp_gpu inventory plugin sets as hostvars).
+  returned: unless state is absent
+  type: dict
+  contains:
+    name: {description: Instance name., type: str, sample: forja-l4}
+    id: {description: Numeric ID., type: str}
+    project: {description: Project ID., type: str}
+    zone: {description: Zone (short name) the VM is in., type: str, sample: us-east1-d}
+    status: {description: RUNNING, TERMINATED (stopped), etc., type: str, sample: RUNNING}
+    machine_type: {description: Machine type (short name)., type: str, sample: g2-standard-8}
+    gpu_type: {description: GPU model., type: str, sample: nvidia-l4}
+    gpu_count: {description: Number of GPUs., type: int, sample: 1}
+    provisioning_model: {description: STANDARD or SPOT., type: str}
+    preemptible: {description: Whether it is a Spot VM., type: bool}
+    instance_termination_action: {description: STOP or DELETE for Spot VMs, else null., type: str}
+    ip: {description: The address to connect to (per ip_preference)., type: str}
+    public_ip: {description: Ephemeral public IP, if any., type: str}
+    private_ip: {description: Internal IP., type: str}
+    network: {description: Network (short name)., type: str}
+    labels: {description: Labels., type: dict}
+    tags: {description: Network tags., type: list}
+    metadata_keys: {description: Metadata keys (values are not returned)., type: list}
+    boot_disk_size_gb: {description: Boot disk size in GB (billed while stopped)., type: int}
+    self_link: {description: Resource URL., type: str}
+    creation_timestamp: {description: RFC 3339 creation time., type: str}
+    last_start_timestamp: {description: RFC 3339 time of the last start., type: str}
+    last_stop_timestamp: {description: RFC 3339 time of the last stop., type: str}
+zone:
+  description: The zone the VM is in (after fallback), or was deleted from.
+  returned: always
+  type: str
+  sample: us-east1-d
+zones_tried:
+  description: Zones where an insert was attempted, with the error code of each failed one.
+  returned: when a VM was created
+  type: list
+  elements: dict
+  sample: [{zone: us-east1-d, error: ZONE_RESOURCE_POOL_EXHAUSTED}, {zone: us-east1-b, error: null}]
+preempted_at:
+  description:
+    - When Google last preempted this Spot VM (RFC 3339), if that is why it was TERMINATED and this
+      run starts it again. The trainer unit resumes from its last checkpoint when the VM boots.
+  returned: when a preempted Spot VM is started again
+  type: str
+  sample: "2026-11-23T06:12:41.000-08:00"
+actions:
+  description: What was done (or would be done in check mode), in order.
+  returned: always
+  type: list
+  elements: str
+  sample: ["insert in us-east1-d", "setLabels"]
+"""
+
+STOCKOUT_CODES = ("ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS")
+STOPPED_STATES = ("TERMINATED", "STOPPED")
+SETTLING_STATES = ("PROVISIONING", "STAGING", "STOPPING", "SUSPENDING", "REPAIRING", "PENDING_STOP")
+
+ARGUMENT_SPEC: dict[str, Any] = {
+    "name": {"type": "str", "required": True},
+    "state": {"type": "str", "default": "present", "choices": ["present", "absent", "started", "stopped"]},
+    "zone": {"type": "str", "default": "us-east1-d"},
+    "fallback_zones": {"type": "list", "elements": "str", "default": []},
+    "machine_type": {"type": "str", "default": "g2-standard-8"},
+    "gpu_type": {"type": "str"},
+    "gpu_count": {"type": "int"},
+    "image_family": {"type": "str"},
+    "image": {"type": "str"},
+    "image_project": {"type": "str", "default": "deeplearning-platform-release"},
+    "boot_disk_size_gb": {"type": "int", "default": 300},
+    "boot_disk_type": {
+        "type": "str",
+        "default": "pd-balanced",
+        "choices": ["pd-balanced", "pd-ssd", "pd-standard", "pd-extreme", "hyperdisk-balanced"],
+    },
+    "boot_disk_interface": {"type": "str", "default": "NVME", "choices": ["NVME", "SCSI"]},
+    "network": {"type": "str", "default": "default"},
+    "subnetwork": {"type": "str"},
+    "external_ip": {"type": "bool", "default": True},
+    "nic_type": {"type": "str", "choices": ["GVNIC", "VIRTIO_NET"]},
+    "tags": {"type": "list", "elements": "str", "default": []},
+    "labels": {"type": "dict", "default": {}},
+    "purge_labels": {"type": "bool", "default": False},
+    "metadata": {"type": "dict", "default": {}},
+    "purge_metadata": {"type": "bool", "default": False},
+    "ssh_keys": {"type": "list", "elements": "str", "default": [], "no_log": False},
+    "service_account_email": {"type": "str"},
+    "scopes": {"type": "list", "elements": "str"},
+    "spot": {"type": "bool", "default": False},
+    "instance_termination_action": {"type": "str", "choices": ["STOP", "DELETE"]},
+    "ip_preference": {"type": "list", "elements": "str", "default": ["public_ip", "private_ip"]},
+    "wait": {"type": "bool", "default": True},
+    **AUTH_ARGUMENT_SPEC,
+}
+
+
+class InstanceManager:
+    """One run of the module: find the VM, then converge it to the asked state."""
+
+    def __init__(self, module: AnsibleModule, client: GcpClient, project: str) -> None:
+        self.module = module
+        self.client = client
+        self.project = project
+        self.params = module.params
+        self.check = module.check_mode
+        self.actions: list[str] = []
+        self.zones_tried: list[dict[str, Any]] = []
+        self.preempted_at: str | None = None
+        # Whether something was changed for good; a failed insert whose leftover we deleted is not.
+        self.applied = False
+        self.op_timeout = float(self.params["operation_timeout"])
+        self.ip_preference = tuple(self.params["ip_preference"])
+
+    # --- API helpers ------------------------------------------------------------------------------
+
+    def path(self, zone: str, suffix: str = "") -> str:
+        return f"projects/{self.project}/zones/{zone}/instances/{self.params['name']}{suffix}"
+
+    def run_op(self, method: str, path: str, body: dict[str, Any] | None = None) -> None:
+        op = self.client.request(method, path, body=body) or {}
+        if self.params["wait"]:
+            self.client.wait_operation(op, project=self.project, timeout_s=self.op_timeout)
+        if not path.endswith("/instances"):  # an insert counts only once it succeeded (see create)
+            self.applied = True
+
+    def find(self, zones: list[str]) -> tuple[str | None, dict[str, Any] | None]:
+        for zone in zones:
+            found = self.client.get_instance(self.project, zone, self.params["name"])
+            if found:
+                return zone, found
+        return None, None
+
+    def settle(self, zone: str, instance: dict[str, Any]) -> dict[str, Any]:
+        """Wait while the VM is between states (STOPPING, STAGING...) so start/stop act on a stable one."""
+        deadline = time.monotonic() + self.op_timeout
+        while instance.get("status") in SETTLING_STATES and time.monotonic() < deadline:
+            time.sleep(1.0)
+            instance = self.client.get_instance(self.project, zone, self.params["name"]) or {}
+        return instance
+
+    def preflight(self, spec: InstanceSpec, zone: str) -> None:
+        """Ask the API whether the zone, the GPU and the machine type exist there, before creating.
+
+        The GPU is checked before the machine type: a G2 type is missing exactly where the L4 is.
+        """
+        field = "zone" if zone == spec.zone else "fallback_zones"
+        if not self.client.get(f"projects/{self.project}/zones/{zone}", allow_404=True):
+            raise SpecError(
+                f"{field}: zone '{zone}' does not exist (or the project cannot use it); list zones with "
+                "'gcloud compute zones list'"
+            )
+        gpu = spec.gpus.gpu_type
+        if gpu and not self.client.get(
+            f"projects/{self.project}/zones/{zone}/acceleratorTypes/{gpu}", allow_404=True
+        ):
+            raise SpecError(
+                f"{field}: GPU {gpu} is not offered in zone {zone}; pick a zone that has it "
+                f"('gcloud compute accelerator-types list --filter=name={gpu}')"
+            )
+        if not self.client.get(
+            f"projects/{self.project}/zones/{zone}/machineTypes/{spec.machine_type}", allow_404=True
+        ):
+            raise SpecError(
+                f"machine_type: '{spec.machine_type}' is not offered in {zone}; list them with "
+                f"'gcloud compute machine-types list --zones {zone}'"
+            )
+
+    # --- converging -------------------------------------------------------------------------------
+
+    def create(self, spec: InstanceSpec) -> str:
+        """Insert in the zone, then each fallback zone on stock-out; clean up after any failed insert."""
+        for zone in spec.zones:
+            self.preflight(spec, zone)
+        if self.check:
+            self.actions.append(f"insert in {spec.zones[0]}")
+            return spec.zones[0]
+        last_error: GcpOperationError | None = None
+        for zone in spec.zones:
+            self.actions.append(f"insert in {zone}")
+            try:
+                self.run_op(
+                    "POST",
+                    f"projects/{self.project}/zones/{zone}/instances",
+                    insert_body(spec, zone, self.project),
+                )
+            except GcpOperationError as exc:
+                self.zones_tried.append({"zone": zone, "error": exc.code})
+                self.remove_leftover(zone)
+                if exc.code in STOCKOUT_CODES:
+                    last_error = exc
+                    continue
+                raise
+            self.zones_tried.append({"zone": zone, "error": None})
+            self.applied = True
+            skipped = [f"{z['zone']} ({z['error']})" for z in self.zones_tried if z["error"]]
+            if skipped:
+                self.module.warn(f"created in the fallback zone {zone}: out of stock in {', '.join(skipped)}")
+            return zone
+        assert last_error is not None
+        tried = ", ".join(z["zone"] for z in self.zones_tried)
+        raise GcpOperationError(
+            f"no capacity for {spec.machine_type} in any zone tried ({tried}); nothing was "
+            f"left behind. Last error: {last_error.message}",
+            code=last_error.code,
+        )
+
+    def remove_leftover(self, zone: str) -> None:
+        """A failed insert can leave a TERMINATED shell behind for a moment; delete it, leave nothing."""
+        leftover = self.client.get_instance(self.project, zone, self.params["name"])
+        if leftover:
+            self.actions.append(f"delete leftover in {zone}")
+            applied = self.applied
+            try:
+                self.run_op("DELETE", self.path(zone))
+            except GcpApiError as exc:
+                if exc.status != 404:
+                    raise
+            self.applied = applied
+
+    def update_fingerprinted(self, zone: str, kind: str, wanted: Any) -> None:
+        """setLabels / setMetadata / setTags with the current fingerprint; on 412 re-read once and retry."""
+        for attempt in (1, 2):
+            current = self.client.get_instance(self.project, zone, self.params["name"]) or {}
+            if kind == "setLabels":
+                body = {"labels": wanted, "labelFingerprint": current.get("labelFingerprint")}
+            elif kind == "setMetadata":
+                body = {
+                    "items": [{"key": k, "value": v} for k, v in sorted(wanted.items())],
+                    "fingerprint": (current.get("metadata") or {}).get("fingerprint"),
+                }
+            else:
+                body = {"items": wanted, "fingerprint": (current.get("tags") or {}).get("fingerprint")}
+            try:
+                self.run_op("POST", self.path(zone, f"/{kind}"), body)
+                return
+            except GcpApiError as exc:
+                if exc.status != 412 or attempt == 2:
+                    raise
+
+    def converge_existing(self, spec: InstanceSpec | None, zone: str, instance: dict[str, Any]) -> None:
+        """Update labels/metadata/tags, then the power state. Immutable differences are an error."""
+        state = self.params["state"]
+        if spec is not None:
+            differences = immutable_differences(spec, instance)
+            if differences:
+                raise SpecError(
+                    f"instance '{spec.name}' in {zone} differs in what this module does not change: "
+                    f"{'; '.join(differences)}. Either set these options to match the VM, or delete it "
+                    "(state: absent, or teardown with -e forja_teardown_delete=true) and create it again"
+                )
+            labels_now = dict(instance.get("labels") or {})
+            labels = wanted_labels(spec, labels_now, self.params["purge_labels"])
+            if labels != labels_now:
+                self.actions.append("setLabels")
+                if not self.check:
+                    self.update_fingerprinted(zone, "setLabels", labels)
+            meta_now = metadata_dict(instance)
+            meta = wanted_metadata(spec, meta_now, self.params["purge_metadata"])
+            if meta != meta_now:
+                self.actions.append("setMetadata")
+                if not self.check:
+                    self.update_fingerprinted(zone, "setMetadata", meta)
+            tags_now = sorted((instance.get("tags") or {}).get("items") or [])
+            if spec.tags != tags_now:
+                self.actions.append("setTags")
+                if not self.check:
+                    self.update_fingerprinted(zone, "setTags", spec.tags)
+        instance = self.settle(zone, instance) if not self.check else instance
+        status = instance.get("status")
+        if state == "started" and status != "RUNNING":
+            self.actions.append("start")
+            self.preempted_at = self.last_preemption(zone, instance)
+            if self.preempted_at:
+                self.module.warn(
+                    f"{spec.name} is a Spot VM that Google preempted at {self.preempted_at}; starting it "
+                    "again (the training unit resumes from its last checkpoint at boot)"
+                )
+            if not self.check:
+                self.run_op("POST", self.path(zone, "/start"))
+        elif state == "stopped" and status not in STOPPED_STATES:
+            self.actions.append("stop")
+            if not self.check:
+                self.run_op("POST", self.path(zone, "/stop"))
+
+    def last_preemption(self, zone: str, instance: dict[str, Any]) -> str | None:
+        """When a stopped Spot VM was preempted, from its `compute.instances.preempted` operation.
+
+        Only a preemption newer than the VM's last start counts: an older one was already recovered
+        from, and a VM the user stopped is not "preempted".
+        """
+        if (instance.get("scheduling") or {}).get("provisioningModel") != "SPOT" or instance.get(
+            "status"
+        ) not in STOPPED_STATES:
+            return None
+        query = f'(operationType = "compute.instances.preempted") (targetId = "{instance.get("id")}")'
+        pages = self.client.pages(f"projects/{self.project}/zones/{zone}/operations", {"filter": query})
+        found = [op.get("insertTime") or "" for page in pages for op in page.get("items") or []]
+        newest = max(found, key=_instant, default="")
+        started = instance.get("lastStartTimestamp") or ""
+        return newest if newest and (not started or _instant(newest) >= _instant(started)) else None
+
+    def run(self) -> dict[str, Any]:
+        params = self.params
+        state = params["state"]
+        spec: InstanceSpec | None = None
+        search = [params["zone"], *params["fallback_zones"]]
+        if state != "absent":
+            gpus = resolve_gpus(params["machine_type"], params["gpu_type"], params["gpu_count"])
+            spec = validate_spec(params, self.project, gpus)
+            search = spec.zones
+        zone, instance = self.find(search)
+        before_facts = instance_facts(instance, self.ip_preference) if instance else None
+        before = comparable_view(before_facts, metadata_dict(instance) if instance else None)
+
+        if state == "absent":
+            if instance:
+                self.actions.append(f"delete in {zone}")
+                if not self.check:
+                    self.run_op("DELETE", self.path(zone))
+            return self.result(zone or params["zone"], before, {}, None)
+
+        assert spec is not None
+        if instance is None:
+            zone = self.create(spec)
+            if state == "stopped":
+                self.actions.append("stop")
+                if not self.check:
+                    self.run_op("POST", self.path(zone, "/stop"))
+            if self.check:
+                status = "TERMINATED" if state == "stopped" else "RUNNING"
+                final = predicted_facts(spec, zone, self.project, status)
+            else:
+                made = self.client.get_instance(self.project, zone, spec.name) or {}
+                final = instance_facts(made, self.ip_preference)
+            after = comparable_view(final, spec.metadata)
+            return self.result(zone, before, after, final)
+
+        assert zone is not None
+        self.converge_existing(spec, zone, instance)
+        if self.check:
+            final = dict(before_facts or {})
+            final["labels"] = wanted_labels(spec, final.get("labels") or {}, params["purge_labels"])
+            final["tags"] = list(spec.tags)
+            if "start" in self.actions:
+                final["status"] = "RUNNING"
+            if "stop" in self.actions:
+                final["status"] = "TERMINATED"
+            meta = wanted_metadata(spec, metadata_dict(instance), params["purge_metadata"])
+            final["metadata_keys"] = sorted(meta)
+        else:
+            refreshed = self.client.get_instance(self.project, zone, spec.name) or {}
+            final = instance_facts(refreshed, self.ip_preference)
+            meta = metadata_dict(refreshed)
+        return self.result(zone, before, comparable_view(final, meta), final)
+
+    def result(
+        self, zone: str, before: dict[str, Any], after: dict[str, Any], facts: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        result: dict[str, Any] = {"changed": bool(self.actions), "zone": zone, "actions": self.actions}
+        if facts is not None:
+            result["instance"] = facts
+        if self.zones_tried:
+            result["zones_tried"] = self.zones_tried
+        if self.preempted_at:
+            result["preempted_at"] = self.preempted_at
+        if self.module._diff:
+            result["diff"] = {
+                "before": before,
+                "after": after,
+                "before_header": f"instance {self.params['name']}",
+                "after_header": f"instance {self.params['name']}",
+            }
+        return result
+
+
+def _instant(stamp: str) -> datetime:
+    """An RFC 3339 time from the API (offsets vary with daylight saving time) as a comparable instant."""
+    try:
+        parsed = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return datetime.min.replace(tzinfo=timezone.utc)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=ARGUMENT_SPEC,
+        mutually_exclusive=[("image", "image_family"), ("credentials_file", "credentials_json")],
+        supports_check_mode=True,
+    )
+    for entry in module.params["ip_preference"]:
+        if entry not in ("public_ip", "private_ip"):
+            module.fail_json(msg=f"ip_preference: '{entry}' must be public_ip or private_ip")
+    manager: InstanceManager | None = None
+    try:
+        config = config_from_params(module.params, "forja-gcp-gpu-instance/0.1")
+        project = config.resolved_project()
+        if not project:
+            module.fail_json(msg="project: not set; set project or FORJA_GCP_PROJECT to the GCP project ID")
+        manager = InstanceManager(module, GcpClient(config), project)
+        result = manager.run()
+    except (SpecError, MachineSpecError) as exc:
+        module.fail_json(msg=str(exc), changed=False)
+    except GcpOperationError as exc:
+        module.fail_json(
+            msg=exc.message,
+            error_code=exc.code,
+            zone=exc.zone,
+            zones_tried=manager.zones_tried if manager else [],
+            actions=manager.actions if manager else [],
+            changed=bool(manager and manager.applied),
+        )
+    except GcpError as exc:
+        module.fail_json(
+            msg=exc.message,
+            http_status=exc.status,
+            reason=exc.reason,
+            actions=manager.actions if manager else [],
+            changed=bool(manager and manager.applied),
+        )
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

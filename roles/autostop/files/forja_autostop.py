@@ -1,0 +1,479 @@
+#!/usr/bin/env python3
+"""forja autostop agent: stop this VM when nobody uses it, when it has cost enough, or has run too long.
+
+A systemd timer runs this once a minute (a oneshot service). Each run observes the machine,
+decides, logs the decision as ONE JSON line (journald keeps it) with every reason, and, when
+the decision is to stop, asks running training units to checkpoint (systemctl stop -> SIGTERM)
+and powers the guest off. On GCP a guest poweroff leaves the VM TERMINATED: compute billing
+stops, the disk keeps costing.
+
+"Idle" means ALL of these, for the whole idle window:
+  - no Jupyter kernel busy, and no kernel activity within the window (GET /api/kernels with the
+    token in the Authorization header; an idle Colab tab keeps a websocket open but makes no
+    kernel activity, so it does not keep the VM alive);
+  - no training unit (forja-train@*.service) active;
+  - GPU utilisation under the threshold (nvidia-smi; a VM without one says "no GPU");
+  - no interactive login session: a utmp entry with a TTY. An `ssh -N -L` tunnel has no TTY
+    and is deliberately NOT a session (SkyPilot's autostop counts only PTYs too, but misses
+    Jupyter, which is why both are checked here).
+
+Caps that apply even when busy: the maximum runtime since boot, and the spend cap (hourly rate
+x running time, summed over boots). At the warning threshold the agent writes a warning file.
+
+State lives in state.json, keyed by the kernel's boot id: a new boot resets the idle clock and
+the per-boot spend (carried into the lifetime total), so a VM started again does not stop at
+once; a boot grace period keeps every stop away right after boot.
+
+Stdlib only, Python 3.10 (Ubuntu 22.04's python3): it runs on the host with nothing installed.
+The Jupyter token is read from its file on every run and is never logged or put in a URL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+DEFAULTS: dict[str, Any] = {
+    "idle_minutes": 30.0,
+    "boot_grace_minutes": 10.0,
+    "max_runtime_hours": 0.0,
+    "gpu_util_threshold": 10.0,
+    "jupyter_url": "http://127.0.0.1:8888",
+    "jupyter_token_file": "/var/lib/forja/jupyter/token",
+    "train_unit_pattern": "forja-train@*.service",
+    "poweroff_command": ["systemctl", "poweroff"],
+    "dry_run": False,
+    "hourly_rate_usd": 0.0,
+    "spend_cap_usd": 0.0,
+    "spend_warn_fraction": 0.8,
+    "stop_timeout_seconds": 300,
+    "state_dir": "/var/lib/forja/autostop",
+    "nvidia_smi": "nvidia-smi",
+    "utmp": "/run/utmp",
+}
+NUMBERS = (
+    "idle_minutes",
+    "boot_grace_minutes",
+    "max_runtime_hours",
+    "gpu_util_threshold",
+    "hourly_rate_usd",
+    "spend_cap_usd",
+    "spend_warn_fraction",
+    "stop_timeout_seconds",
+)
+MIN_BILLED_S = 60.0  # Compute Engine bills at least one minute per start
+
+
+class ConfigError(ValueError):
+    """The config file is wrong; the message names the field and the fix."""
+
+
+def load_config(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            given = json.load(handle)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"config {path} does not exist; apply the autostop role to write it") from exc
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"config {path} is not JSON ({exc}); re-apply the autostop role") from exc
+    if not isinstance(given, dict):
+        raise ConfigError(f"config {path} must be a JSON object")
+    unknown = sorted(set(given) - set(DEFAULTS))
+    if unknown:
+        raise ConfigError(
+            f"config {path}: unknown field(s) {', '.join(unknown)}; known: {', '.join(DEFAULTS)}"
+        )
+    config = {**DEFAULTS, **given}
+    for field in NUMBERS:
+        value = config[field]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ConfigError(f"config {path}: '{field}' is {value!r}; it must be a number >= 0")
+    if config["idle_minutes"] <= 0:
+        raise ConfigError(f"config {path}: 'idle_minutes' must be > 0 (fractions such as 0.1 are fine)")
+    if not 0 < config["spend_warn_fraction"] <= 1:
+        raise ConfigError(f"config {path}: 'spend_warn_fraction' must be in (0, 1], e.g. 0.8")
+    command = config["poweroff_command"]
+    if not isinstance(command, list) or not command or not all(isinstance(a, str) for a in command):
+        raise ConfigError(f"config {path}: 'poweroff_command' must be a non-empty list of strings")
+    if not isinstance(config["dry_run"], bool):
+        raise ConfigError(f"config {path}: 'dry_run' must be true or false")
+    return config
+
+
+# --- Observing the machine ----------------------------------------------------------------------
+
+
+def boot_id() -> str:
+    with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
+        return handle.read().strip()
+
+
+def uptime_seconds() -> float:
+    """Time since PID 1 started: the VM's boot, and also right inside a container (test hosts)."""
+    with open("/proc/uptime", encoding="ascii") as handle:
+        system_up = float(handle.read().split()[0])
+    with open("/proc/1/stat", encoding="ascii") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of stat: starttime in ticks
+    return max(0.0, system_up - started)
+
+
+def parse_jupyter_time(text: str) -> float:
+    """Jupyter writes UTC ISO 8601 ("2026-11-22T04:07:18.123456Z"); return epoch seconds."""
+    stamp = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=dt.timezone.utc)
+    return stamp.timestamp()
+
+
+def jupyter_kernels(config: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, str]:
+    """The kernels Jupyter reports, or None and why they could not be read."""
+    try:
+        with open(config["jupyter_token_file"], encoding="utf-8") as handle:
+            token = handle.read().strip()
+    except FileNotFoundError:
+        return [], "no Jupyter token file (Jupyter not installed)"
+    except PermissionError:
+        return None, f"cannot read {config['jupyter_token_file']}"
+    request = urllib.request.Request(
+        config["jupyter_url"].rstrip("/") + "/api/kernels",
+        headers={"Authorization": f"token {token}", "Accept": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            kernels = json.loads(response.read().decode("utf-8"))
+    except urllib.error.HTTPError as exc:
+        return None, f"Jupyter answered HTTP {exc.code} to /api/kernels"
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        if isinstance(reason, ConnectionRefusedError):
+            return [], "Jupyter not running"
+        return None, f"Jupyter unreachable ({reason})"
+    except ValueError:
+        return None, "Jupyter sent a non-JSON kernel list"
+    return kernels, "ok"
+
+
+def training_units(pattern: str) -> list[str]:
+    """Active (or starting) units matching the trainer's template, e.g. forja-train@run1.service."""
+    proc = subprocess.run(
+        ["systemctl", "list-units", pattern, "--state=active,activating,reloading", "--no-legend", "--plain"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=30,
+    )
+    return [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
+
+
+def parse_gpu_utilisation(text: str) -> list[float]:
+    """nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits: one number a line."""
+    values = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line:
+            try:
+                values.append(float(line))
+            except ValueError:
+                continue  # "[N/A]" or "[Not Supported]": no reading for that GPU
+    return values
+
+
+def gpu_utilisation(nvidia_smi: str) -> tuple[list[float] | None, str]:
+    if shutil.which(nvidia_smi) is None:
+        return None, "no GPU"
+    try:
+        proc = subprocess.run(
+            [nvidia_smi, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"nvidia-smi failed ({exc})"
+    if proc.returncode != 0:
+        return None, f"nvidia-smi failed (exit {proc.returncode}: {proc.stderr.strip()[:200]})"
+    return parse_gpu_utilisation(proc.stdout), "ok"
+
+
+UTMP_RECORD = struct.Struct("<hxxi32s4s32s256shhiii16s20s")  # glibc x86_64/aarch64 `struct utmp`
+USER_PROCESS = 7
+
+
+def interactive_sessions(utmp_path: str) -> list[str]:
+    """Logins that hold a terminal, from utmp (sshd writes it for PTY sessions only).
+
+    `ssh -N -L` tunnels and Ansible's non-PTY connections never appear here, on purpose.
+    Entries whose process has gone (a crashed sshd) are ignored.
+    """
+    try:
+        with open(utmp_path, "rb") as handle:
+            data = handle.read()
+    except FileNotFoundError:
+        return []
+    sessions = []
+    for offset in range(0, len(data) - UTMP_RECORD.size + 1, UTMP_RECORD.size):
+        kind, pid, line, _id, user, host, *_ = UTMP_RECORD.unpack_from(data, offset)
+        if kind != USER_PROCESS or pid <= 0 or not os.path.exists(f"/proc/{pid}"):
+            continue
+        tty = line.split(b"\0", 1)[0].decode(errors="replace")
+        name = user.split(b"\0", 1)[0].decode(errors="replace")
+        origin = host.split(b"\0", 1)[0].decode(errors="replace")
+        if origin:
+            sessions.append(f"ssh session {tty} (user {name} from {origin})")
+        else:
+            sessions.append(f"login session {tty} (user {name})")
+    return sessions
+
+
+def kernel_signals(kernels: list[dict[str, Any]], now: float) -> tuple[list[str], list[str], float | None]:
+    """Busy reasons, idle notes and the latest activity from Jupyter's kernel list.
+
+    Only "busy" is work. A kernel nobody has connected to can sit in "starting" for ever; its
+    start time (last_activity) still opens a fresh idle window, through decide().
+    """
+    busy: list[str] = []
+    notes: list[str] = []
+    last_activity: float | None = None
+    for kernel in kernels:
+        short = str(kernel.get("id", "?"))[:4]
+        state = kernel.get("execution_state", "unknown")
+        seen = kernel.get("last_activity")
+        when = parse_jupyter_time(seen) if seen else None
+        if when is not None:
+            last_activity = when if last_activity is None else max(last_activity, when)
+        if state == "busy":
+            busy.append(f"kernel {short} busy")
+        elif when is not None:
+            notes.append(f"kernel {short} {state}, last active {max(0.0, now - when):.0f} s ago")
+        else:
+            notes.append(f"kernel {short} {state}")
+    if not kernels:
+        notes.append("no Jupyter kernels")
+    return busy, notes, last_activity
+
+
+def observe(config: dict[str, Any], now: float) -> dict[str, Any]:
+    """Every signal, as reasons to stay up (busy), notes (why it looks idle), and the last activity.
+
+    A kernel's last activity is not a reason by itself: it moves the start of the idle window
+    (decide() takes the later of the two), so "no kernel activity for N minutes" is exact.
+    """
+    busy: list[str] = []
+    notes: list[str] = []
+    last_activity: float | None = None
+    kernels, status = jupyter_kernels(config)
+    if kernels is None:
+        busy.append(f"kernel state unknown: {status}")
+    elif status != "ok":
+        notes.append(status)
+    else:
+        kernel_busy, kernel_notes, last_activity = kernel_signals(kernels, now)
+        busy += kernel_busy
+        notes += kernel_notes
+    units = training_units(config["train_unit_pattern"])
+    busy += [f"training unit {unit} running" for unit in units]
+    if not units:
+        notes.append("no training unit")
+    utilisation, gpu_status = gpu_utilisation(config["nvidia_smi"])
+    if utilisation is None:
+        notes.append(gpu_status)
+    else:
+        threshold = config["gpu_util_threshold"]
+        for index, value in enumerate(utilisation):
+            text = f"GPU {index} at {value:.0f}% (threshold {threshold:.0f}%)"
+            (busy if value >= threshold else notes).append(text)
+    sessions = interactive_sessions(config["utmp"])
+    busy += sessions
+    if not sessions:
+        notes.append("no interactive session")
+    return {"busy": busy, "notes": notes, "last_activity": last_activity}
+
+
+# --- Deciding (pure: tested without a machine) -------------------------------------------------
+
+
+def fresh_state(boot: str, now: float, carried_usd: float = 0.0, boots: int = 0) -> dict[str, Any]:
+    return {
+        "boot_id": boot,
+        "idle_since": now,
+        "boot_usd": 0.0,
+        "prior_boots_usd": carried_usd,
+        "boots": boots + 1,
+        "stopping": False,
+    }
+
+
+def boot_spend(rate: float, uptime: float) -> float:
+    return rate * max(MIN_BILLED_S, uptime) / 3600.0 if rate > 0 else 0.0
+
+
+def decide(
+    config: dict[str, Any],
+    seen: dict[str, Any],
+    state: dict[str, Any] | None,
+    boot: str,
+    uptime: float,
+    now: float,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The decision record and the next state, from what was observed and what was remembered."""
+    reasons: list[str] = []
+    if state is None or state.get("boot_id") != boot:
+        carried = 0.0 if state is None else state.get("prior_boots_usd", 0.0) + state.get("boot_usd", 0.0)
+        state = fresh_state(boot, now, carried, 0 if state is None else state.get("boots", 0))
+        reasons.append(f"new boot {boot[:8]}: idle clock reset")
+    state = dict(state)
+    state["boot_usd"] = boot_spend(config["hourly_rate_usd"], uptime)
+    spend = state["prior_boots_usd"] + state["boot_usd"]
+    record: dict[str, Any] = {"uptime_s": round(uptime, 1), "boot_id": boot[:8]}
+    if config["hourly_rate_usd"] > 0:
+        record["spend_usd"] = round(spend, 4)
+    stops: list[str] = []
+    cap = config["spend_cap_usd"]
+    warning = None
+    if cap > 0 and config["hourly_rate_usd"] > 0:
+        if spend >= cap:
+            stops.append(
+                f"spend cap ${cap:.2f} reached (spent ${spend:.2f} at ${config['hourly_rate_usd']:.4f}/h)"
+            )
+        elif spend >= config["spend_warn_fraction"] * cap:
+            warning = (
+                f"spent ${spend:.2f} of the ${cap:.2f} cap ({spend / cap:.0%}); the VM stops at the cap: "
+                "raise autostop_spend_cap_usd to keep going"
+            )
+            reasons.append(f"budget warning: {warning}")
+    max_s = config["max_runtime_hours"] * 3600
+    if max_s > 0 and uptime >= max_s:
+        stops.append(f"maximum runtime {config['max_runtime_hours']:g} h reached (up {uptime / 3600:.2f} h)")
+    state["warning"] = warning
+    if seen["busy"]:
+        state["idle_since"] = now
+    elif seen["last_activity"] is not None:
+        state["idle_since"] = max(state["idle_since"], min(seen["last_activity"], now))
+    idle_for = max(0.0, now - state["idle_since"])
+    window = config["idle_minutes"] * 60
+    record["idle_for_s"] = round(idle_for, 1)
+    if not seen["busy"] and idle_for >= window:
+        stops.append(f"idle for {idle_for:.0f} s (window {window:.0f} s): " + ", ".join(seen["notes"]))
+    grace = config["boot_grace_minutes"] * 60
+    if stops and uptime < grace:
+        reasons.append(f"boot grace: up {uptime:.0f} s of {grace:.0f} s, not stopping yet")
+        stops = []
+    if stops:
+        decision = "would-stop" if config["dry_run"] else "stop"
+        reasons += stops + seen["busy"]
+        state["stopping"] = not config["dry_run"]
+    elif seen["busy"]:
+        decision = "keep"
+        reasons += seen["busy"]
+    else:
+        decision = "idle"
+        reasons.append(f"idle for {idle_for:.0f} s of {window:.0f} s: " + ", ".join(seen["notes"]))
+    record = {"decision": decision, "reasons": reasons, **record}
+    if config["dry_run"]:
+        record["dry_run"] = True
+    return record, state
+
+
+# --- Acting -------------------------------------------------------------------------------------
+
+
+def log(record: dict[str, Any]) -> None:
+    print(json.dumps(record, sort_keys=False), flush=True)
+
+
+def write_json(path: str, data: Any, mode: int) -> None:
+    """Atomic write, so a reader (or the next run) never sees half a file."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=1)
+        handle.write("\n")
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def read_state(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            state = json.load(handle)
+        return state if isinstance(state, dict) else None
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def stop_machine(config: dict[str, Any], record: dict[str, Any]) -> int:
+    """Let training checkpoint (SIGTERM through systemctl stop), then power the guest off."""
+    units = training_units(config["train_unit_pattern"])
+    if units:
+        log(
+            {
+                "action": "stop-training",
+                "units": units,
+                "why": "SIGTERM: the trainer checkpoints",
+            }
+        )
+        subprocess.run(
+            ["systemctl", "stop", *units], check=False, timeout=config["stop_timeout_seconds"] + 30
+        )
+    log({"action": "poweroff", "command": config["poweroff_command"]})
+    return subprocess.run(config["poweroff_command"], check=False).returncode
+
+
+def run_once(config: dict[str, Any]) -> int:
+    state_dir = config["state_dir"]
+    os.makedirs(state_dir, mode=0o755, exist_ok=True)
+    state_path = os.path.join(state_dir, "state.json")
+    warning_path = os.path.join(state_dir, "warning")
+    now = time.time()
+    previous = read_state(state_path)
+    boot = boot_id()
+    if previous and previous.get("boot_id") == boot and previous.get("stopping"):
+        log({"decision": "stopping", "reasons": ["a stop is already under way"]})
+        return 0
+    seen = observe(config, now)
+    record, state = decide(config, seen, previous, boot, uptime_seconds(), now)
+    record["time"] = dt.datetime.fromtimestamp(now, dt.timezone.utc).isoformat(timespec="seconds")
+    warning = state.pop("warning", None)
+    if warning:
+        with open(warning_path, "w", encoding="utf-8") as handle:
+            handle.write(warning + "\n")
+        os.chmod(warning_path, 0o644)
+    elif os.path.exists(warning_path) and config["spend_cap_usd"] > 0 and record["decision"] != "stop":
+        os.remove(warning_path)  # the cap was raised (or the warning no longer applies)
+    write_json(state_path, state, 0o600)
+    log(record)
+    if record["decision"] == "stop":
+        write_json(os.path.join(state_dir, "last_stop.json"), record, 0o644)
+        return stop_machine(config, record)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--config", default="/etc/forja/autostop.json")
+    parser.add_argument("--dry-run", action="store_true", help="decide and log, never stop")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        log({"decision": "error", "reasons": [str(exc)]})
+        return 2
+    if args.dry_run:
+        config["dry_run"] = True
+    return run_once(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

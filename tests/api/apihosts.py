@@ -1,0 +1,61 @@
+"""Helpers for API tests on real test hosts: the wheelhouse, inventories for test hosts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from forja.sandbox import testhosts
+
+REPO = Path(__file__).resolve().parents[2]
+#: Inside the test hosts, the controller's pip cache folder (bind-mounted by the fixture).
+HOST_WHEELHOUSE = "/var/cache/forja-pip/wheelhouse"
+
+
+def wheelhouse_requirements() -> list[str]:
+    """What the trainer_run role installs, read from its defaults (one list, not a copy)."""
+    defaults = yaml.safe_load((REPO / "roles/trainer_run/defaults/main.yml").read_text())
+    return [defaults["trainer_run_torch_package"], f"pip=={defaults['trainer_run_pip_version']}",
+            *defaults["trainer_run_pip_packages"]]
+
+
+def ensure_wheelhouse() -> Path:
+    """Download the hosts' wheels once on the controller (Python 3.10, manylinux).
+
+    PyPI's responses are not cacheable through this machine's egress, so pip's shared HTTP cache
+    stays empty and every host would download ~3 GB again; a wheelhouse in the folder the hosts
+    mount makes the second and later installs local. Purely a test-speed fixture.
+    """
+    folder = testhosts.base_dir() / "pip-cache" / "wheelhouse"
+    done = folder / ".complete"
+    if not done.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--isolated",
+             "--cert", "/etc/ssl/certs/ca-certificates.crt", "--only-binary=:all:",
+             "--python-version", "3.10", "--implementation", "cp",
+             "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64",
+             "--platform", "manylinux2014_x86_64", "--platform", "any", "--progress-bar", "off",
+             "--resume-retries", "10", "-d", str(folder), *wheelhouse_requirements()],
+            check=True,
+        )
+        done.touch()
+    return folder
+
+
+def write_inventory(path: Path, hosts: dict[str, dict[str, object]]) -> Path:
+    """An inventory with the given hosts in forja_gpu, as forja's playbooks expect."""
+    path.write_text(yaml.safe_dump({"all": {"children": {"forja_gpu": {"hosts": hosts}}}}))
+    return path
+
+
+def host_vars(host: testhosts.Host) -> dict[str, object]:
+    return {
+        "ansible_host": host.address,
+        "ansible_user": host.user,
+        "ansible_ssh_private_key_file": str(host.key),
+        "trainer_run_pip_extra_args": f"--find-links {HOST_WHEELHOUSE}",
+    }

@@ -1,0 +1,23 @@
+"""Fixtures for API tests on real test hosts: the host th6 with a wheelhouse for its PyTorch."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+from apihosts import ensure_wheelhouse
+
+from forja.sandbox import testhosts
+
+
+@pytest.fixture(scope="module")
+def th6() -> Iterator[testhosts.Host]:
+    if os.geteuid() != 0:
+        pytest.skip("test hosts need root")
+    ensure_wheelhouse()
+    host = testhosts.up(6)
+    try:
+        yield host
+    finally:
+        testhosts.down(6)

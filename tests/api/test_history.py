@@ -1,0 +1,81 @@
+"""The run history: a real SQLite file in a temporary FORJA_HOME."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from forja import errors
+from forja.history import History
+
+
+@pytest.fixture
+def history(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> History:
+    monkeypatch.setenv("FORJA_HOME", str(tmp_path))
+    return History()
+
+
+def test_the_database_lives_in_forja_home(history: History, tmp_path: Path) -> None:
+    assert history.path == tmp_path / "history.sqlite"
+    assert history.path.is_file()
+
+
+def test_a_run_is_recorded_as_running_before_it_starts(history: History) -> None:
+    rec = history.start("digits-1", name="digits-1", hosts=["th6"], config_path="/c.yaml", config_hash="abc")
+    assert rec.status == "running" and rec.hosts == ["th6"] and rec.ended_at is None
+    assert [e.kind for e in history.events("digits-1")] == ["started"]
+
+
+def test_update_sets_the_result_columns(history: History) -> None:
+    history.start("r1", name="r1")
+    rec = history.update("r1", status="completed", steps=300, last_loss=0.05, cost_usd=0.01,
+                         artifact_dir="/x")
+    assert (rec.status, rec.steps, rec.last_loss, rec.cost_usd, rec.artifact_dir) == (
+        "completed", 300, 0.05, 0.01, "/x"
+    )
+
+
+def test_a_preemption_event_counts_and_adds_lost_steps(history: History) -> None:
+    history.start("r1", name="r1")
+    history.record_event("r1", "preempted", lost_steps=7, zone="us-east1-d")
+    history.record_event("r1", "preempted", lost_steps=3)
+    rec = history.get("r1")
+    assert rec.preemptions == 2 and rec.lost_steps == 10
+    assert history.events("r1")[1].data == {"lost_steps": 7, "zone": "us-east1-d"}
+
+
+def test_unknown_columns_and_statuses_are_refused_by_name(history: History) -> None:
+    history.start("r1", name="r1")
+    with pytest.raises(errors.ConfigError) as info:
+        history.update("r1", colour="red")
+    assert info.value.field == "colour"
+    with pytest.raises(errors.ConfigError) as info:
+        history.update("r1", status="exploded")
+    assert info.value.field == "status"
+    assert history.get("r1").status == "running"
+
+
+def test_unknown_runs_raise_run_not_found(history: History) -> None:
+    with pytest.raises(errors.RunNotFound):
+        history.update("nope", status="failed")
+    with pytest.raises(errors.RunNotFound):
+        history.record_event("nope", "preempted")
+    with pytest.raises(errors.RunNotFound):
+        history.find("nope")
+
+
+def test_list_is_newest_first_and_filters_by_status(history: History) -> None:
+    for i in range(3):
+        history.start(f"r{i}", name=f"r{i}")
+    history.update("r1", status="failed")
+    assert [r.run_id for r in history.list()] == ["r2", "r1", "r0"]
+    assert [r.run_id for r in history.list(status="failed")] == ["r1"]
+    assert [r.run_id for r in history.list(limit=1)] == ["r2"]
+
+
+def test_two_history_objects_share_one_file(history: History) -> None:
+    history.start("r1", name="r1")
+    other = History(history.path)
+    other.update("r1", status="preempted")
+    assert history.get("r1").status == "preempted"

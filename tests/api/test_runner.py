@@ -1,0 +1,140 @@
+"""The ansible-runner facade, run for real against the controller itself (connection: local)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from forja import errors, runner
+from forja import events as ev
+
+PLAYBOOK = str(Path(__file__).with_name("playbooks") / "local_echo.yml")
+INVENTORY = str(Path(__file__).with_name("playbooks") / "local_inventory.yml")
+SECRET = "s3cret-token-value-1234"
+
+
+def request(tmp_path: Path, **extravars: object) -> runner.PlaybookRun:
+    """A run on the controller itself (connection: local), so host keys never come into play."""
+    return runner.PlaybookRun(
+        playbook=PLAYBOOK,
+        inventory=INVENTORY,
+        extravars={"forja_test_out": str(tmp_path / "out.txt"), **extravars},
+        private_data_dir=tmp_path / "pdd",
+    )
+
+
+@pytest.fixture(scope="module")
+def done(tmp_path_factory: pytest.TempPathFactory) -> tuple[runner.RunResult, list[ev.Event], Path]:
+    """One successful run (with a secret greeting) that several tests read, to keep the suite fast."""
+    tmp_path = tmp_path_factory.mktemp("runner")
+    seen: list[ev.Event] = []
+    result = runner.run(request(tmp_path, forja_test_greeting=SECRET), on_event=seen.append)
+    return result, seen, tmp_path
+
+
+def test_a_successful_run_reports_per_host_stats_and_changed_tasks(done: tuple) -> None:
+    result, _, tmp_path = done
+    assert result.ok and result.status == "successful" and result.rc == 0
+    assert result.stats["localhost"].changed == 1
+    assert result.stats["localhost"].failures == 0
+    assert [t.task for t in result.changed_tasks] == ["Write a file with the greeting"]
+    assert (tmp_path / "out.txt").read_text() == SECRET + "\n"
+    assert result.artifact_dir is not None and result.artifact_dir.is_dir()
+
+
+def test_events_arrive_typed_and_in_order(done: tuple) -> None:
+    _, seen, _ = done
+    kinds = [type(e) for e in seen]
+    assert kinds[0] is ev.PlaybookStarted
+    assert kinds[-1] is ev.PlaybookFinished
+    assert ev.TaskStarted in kinds and ev.TaskChanged in kinds
+    counters = [e.counter for e in seen]
+    assert counters == sorted(counters)
+
+
+def test_a_failing_task_raises_playbook_failed_with_host_task_and_message(tmp_path: Path) -> None:
+    result = runner.run(request(tmp_path, forja_test_fail=True, forja_test_reason="disk full"))
+    assert not result.ok
+    with pytest.raises(errors.PlaybookFailed) as info:
+        result.raise_for_status()
+    assert info.value.host == "localhost"
+    assert info.value.task == "Fail when told to"
+    assert "disk full" in info.value.detail
+    assert info.value.exit_code == errors.ExitCode.PLAYBOOK_FAILED
+
+
+def test_secrets_in_extravars_never_reach_the_command_line_or_artifacts(done: tuple) -> None:
+    result, _, tmp_path = done
+    pdd = tmp_path / "pdd"
+    assert not (pdd / "env" / "extravars").exists()
+    for path in pdd.rglob("*"):
+        if path.is_file():
+            assert SECRET not in path.read_text(errors="replace"), f"secret leaked into {path}"
+    command = json.loads((result.artifact_dir / "command").read_text())
+    assert SECRET not in " ".join(command["command"])
+
+
+def test_host_key_checking_is_passed_explicitly_both_ways(done: tuple, tmp_path: Path) -> None:
+    checked = json.loads((done[0].artifact_dir / "command").read_text())["env"]
+    assert checked["ANSIBLE_HOST_KEY_CHECKING"] == "True"  # PlaybookRun's default, unlike runner's
+    req = runner.PlaybookRun(
+        playbook=PLAYBOOK, inventory=INVENTORY, extravars={"forja_test_out": str(tmp_path / "o")},
+        host_key_checking=False, private_data_dir=tmp_path / "pdd",
+    )
+    unchecked = json.loads((runner.run(req).artifact_dir / "command").read_text())["env"]
+    assert unchecked["ANSIBLE_HOST_KEY_CHECKING"] == "False"
+
+
+def test_artifact_folders_are_rotated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner, "KEEP_ARTIFACTS", 1)
+    for _ in range(2):
+        runner.run(request(tmp_path))
+    assert len([p for p in (tmp_path / "pdd" / "artifacts").iterdir() if p.is_dir()]) == 1
+
+
+def test_cancelling_stops_the_run_and_raises_cancelled(tmp_path: Path) -> None:
+    stop = threading.Event()
+
+    def on_event(event: ev.Event) -> None:
+        if isinstance(event, ev.TaskStarted) and event.task == "Wait a while when told to":
+            stop.set()
+
+    result = runner.run(request(tmp_path, forja_test_sleep=60), on_event=on_event, cancel=stop)
+    assert result.status == "canceled"
+    assert result.duration_s < 50
+    with pytest.raises(errors.Cancelled):
+        result.raise_for_status()
+
+
+def test_iter_events_yields_events_then_the_result(tmp_path: Path) -> None:
+    items = list(runner.iter_events(request(tmp_path)))
+    assert isinstance(items[-1], runner.RunResult) and items[-1].ok
+    assert any(isinstance(i, ev.TaskChanged) for i in items)
+
+
+def test_the_async_variant_runs_and_can_be_cancelled(tmp_path: Path) -> None:
+    async def main() -> tuple[runner.RunResult, bool]:
+        done = await runner.run_async(request(tmp_path))
+        task = asyncio.create_task(runner.run_async(request(tmp_path, forja_test_sleep=60)))
+        await asyncio.sleep(3)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            return done, True
+        return done, False
+
+    done, cancelled = asyncio.run(main())
+    assert done.ok
+    assert cancelled
+
+
+def test_a_missing_playbook_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(errors.ConfigError) as info:
+        runner.run(runner.PlaybookRun(playbook="no-such-playbook.yml", host_key_checking=False))
+    assert info.value.field == "playbook"
+    assert "no-such-playbook.yml" in info.value.message

@@ -1,0 +1,151 @@
+"""Training through the API on a real test host (th6): real playbooks, real SSH, the real trainer.
+
+Host-key checking is turned off explicitly: the test hosts are throwaway containers that all
+share one generated host key (see forja/sandbox/testhosts.py).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from apihosts import REPO, host_vars, write_inventory
+
+from forja import errors
+from forja import events as ev
+from forja.api import Forja
+from forja.history import History
+from forja.sandbox import testhosts
+
+# The first test pays for booting th6 and installing PyTorch into it (minutes on a busy machine).
+pytestmark = [pytest.mark.hosts, pytest.mark.slow, pytest.mark.timeout(2400)]
+DIGITS = REPO / "trainer" / "configs" / "digits.yaml"
+
+
+def ssh(host: testhosts.Host, command: str) -> str:
+    argv = ["ssh", "-i", str(host.key), "-o", "StrictHostKeyChecking=no",
+            "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+            f"{host.user}@{host.address}", command]
+    return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60).stdout
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("api")
+
+
+@pytest.fixture(scope="module")
+def forja(th6: testhosts.Host, workspace: Path) -> Forja:
+    project = workspace / "project"
+    (project / "mypkg").mkdir(parents=True)
+    (project / "mypkg" / "__init__.py").write_text("X = 1\n")
+    (project / ".env").write_text("TOKEN=do-not-send\n")
+    inventory = write_inventory(workspace / "inventory.yml", {"th6": host_vars(th6)})
+    return Forja(
+        project_dir=project,
+        inventory=inventory,
+        private_data_dir=workspace / "runner",
+        host_key_checking=False,
+        history=History(workspace / "history.sqlite"),
+    )
+
+
+@pytest.fixture(scope="module")
+def trained(forja: Forja) -> tuple[object, list[ev.Event]]:
+    seen: list[ev.Event] = []
+    result = forja.train(DIGITS, name="digits-api", poll_s=1, on_event=seen.append)
+    return result, seen
+
+
+def test_training_the_digits_demo_brings_back_metrics_plots_and_summary(trained: tuple) -> None:
+    result, _ = trained
+    assert result.status == "completed"
+    assert result.hosts == ["th6"]
+    assert result.summary["steps"] == 300 and result.summary["accuracy"] >= 0.9
+    folder = result.artifact_dir
+    assert folder is not None and folder.name == "th6"
+    lines = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert lines[-1]["step"] == 300 and {"loss", "lr", "samples_per_s"} <= set(lines[-1])
+    assert list((folder / "plots").glob("*.png"))
+    assert json.loads((folder / "summary.json").read_text())["status"] == "completed"
+    assert not list(folder.rglob("*.pt")), "checkpoints come back only when asked"
+
+
+def test_progress_streams_while_the_run_trains(trained: tuple) -> None:
+    _, seen = trained
+    progress = [e for e in seen if isinstance(e, ev.TrainProgress)]
+    assert progress and all(p.run == "digits-api" and p.host == "th6" for p in progress)
+    assert progress[-1].status == "completed"
+    assert any(isinstance(e, ev.TaskStarted) and e.task == "Start the training unit" for e in seen)
+
+
+def test_the_run_is_in_the_history_with_its_result(forja: Forja, trained: tuple) -> None:
+    record = forja.history.get("digits-api")
+    assert record.status == "completed" and record.hosts == ["th6"]
+    assert record.steps == 300 and record.last_loss is not None and record.ended_at
+    assert record.config_hash and record.artifact_dir.endswith("digits-api/th6")
+
+
+def test_status_and_logs_read_the_run_on_the_host(forja: Forja, trained: tuple) -> None:
+    (state,) = forja.status("digits-api")
+    assert (state.host, state.run, state.status, state.step) == ("th6", "digits-api", "completed", 300)
+    logs = forja.logs("digits-api", lines=200)
+    assert "completed" in logs["th6"]
+
+
+def test_the_project_was_sent_without_its_env_file(th6: testhosts.Host, trained: tuple) -> None:
+    listing = ssh(th6, "sudo find /opt/forja/code -path '*/project/*' -printf '%P\\n'")
+    assert "mypkg/__init__.py" in listing
+    assert ".env" not in listing
+    assert "do-not-send" not in ssh(th6, "sudo cat /opt/forja/code/*/project/* 2>/dev/null || true")
+
+
+def test_iter_events_streams_any_method_then_its_result(forja: Forja, trained: tuple) -> None:
+    events = list(forja.iter_events("status", "digits-api"))
+    assert isinstance(events[-1], list) and events[-1][0].status == "completed"
+    assert any(isinstance(e, ev.TaskStarted) for e in events[:-1])
+
+
+def test_fetching_again_changes_nothing(forja: Forja, trained: tuple, workspace: Path) -> None:
+    first = forja.fetch("digits-api", dest=workspace / "again")
+    second = forja.fetch("digits-api", dest=workspace / "again")
+    assert (workspace / "again" / "th6" / "summary.json").is_file()
+    assert first.changed_tasks and not second.changed_tasks
+
+
+def test_a_bad_config_fails_with_the_host_the_task_and_the_reason(forja: Forja, workspace: Path) -> None:
+    bad = workspace / "bad.yaml"
+    config = yaml.safe_load(DIGITS.read_text())
+    config["no_such_key"] = 1
+    bad.write_text(yaml.safe_dump(config))
+    with pytest.raises(errors.PlaybookFailed) as info:
+        forja.train(bad, name="bad-config", poll_s=1)
+    assert info.value.host == "th6"
+    assert info.value.task == "Fail when the run did not complete"
+    assert "rejected its config" in info.value.detail
+    assert forja.history.get("bad-config").status == "failed"
+
+
+def test_cancelling_a_train_raises_cancelled_and_records_it(forja: Forja) -> None:
+    def cancel_when_packing(event: ev.Event) -> None:
+        if isinstance(event, ev.TaskStarted) and event.task.startswith("Pack the trainer"):
+            forja.cancel()
+
+    with pytest.raises(errors.Cancelled):
+        forja.train(DIGITS, name="to-cancel", on_event=cancel_when_packing)
+    assert forja.history.get("to-cancel").status == "cancelled"
+
+
+def test_an_unreachable_host_is_a_typed_error_naming_it(tmp_path: Path) -> None:
+    ghost = {"ansible_host": "127.0.0.1", "ansible_port": 1}
+    inventory = write_inventory(tmp_path / "inv.yml", {"ghost": ghost})
+    f = Forja(project_dir=tmp_path, inventory=inventory, host_key_checking=False,
+              private_data_dir=tmp_path / "runner", history=History(tmp_path / "h.sqlite"))
+    with pytest.raises(errors.HostUnreachable) as info:
+        f.status()
+    assert info.value.host == "ghost"
+    assert "refused" in info.value.detail.lower() or "connect" in info.value.detail.lower()
+    assert info.value.exit_code == errors.ExitCode.UNREACHABLE

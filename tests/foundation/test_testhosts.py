@@ -1,0 +1,127 @@
+"""The test-host fixture boots real systemd hosts and leaves nothing behind when removed."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from forja.sandbox import testhosts
+
+INDEX = 8  # reserved for the fixture's own tests
+
+
+def _ssh(host: testhosts.Host, command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["ssh", "-i", str(host.key), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+         "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=10",
+         f"{host.user}@{host.address}", command],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+
+
+def _ended(pid: int, within_s: float = 5.0) -> bool:
+    """The process is gone, or dead and only waiting to be reaped by this machine's PID 1."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _leftovers(index: int) -> list[str]:
+    """Everything a host could leave on this machine: namespace, mount, process, bridge, nft table."""
+    found = []
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    if any(line.split()[0] == f"th{index}" for line in netns.splitlines() if line.strip()):
+        found.append("netns")
+    host_dir = testhosts.base_dir() / "hosts" / f"th{index}"
+    if str(host_dir) in Path("/proc/mounts").read_text():
+        found.append("mount")
+    if host_dir.exists():
+        found.append("folder")
+    ps = subprocess.run(["pgrep", "-f", f"systemd-nspawn .*-M th{index} "], capture_output=True, text=True)
+    if ps.stdout.strip():
+        found.append("process")
+    if not testhosts.running():
+        if subprocess.run(["ip", "link", "show", "thbr0"], capture_output=True).returncode == 0:
+            found.append("bridge")
+        tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+        if "testhosts" in tables:
+            found.append("nft table")
+    return found
+
+
+def test_addresses_follow_the_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TH_NET", raising=False)
+    assert testhosts.address(1) == "10.213.0.11"
+    monkeypatch.setenv("TH_NET", "10.99.1")
+    assert testhosts.address(3) == "10.99.1.13"
+
+
+def test_unknown_release_is_refused_with_the_choices(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(testhosts.TestHostError, match="jammy, bookworm"):
+        testhosts.ensure_golden("xenial")
+
+
+@pytest.mark.hosts
+def test_a_host_boots_with_systemd_sshd_sudo_and_python() -> None:
+    host = testhosts.up(INDEX)
+    try:
+        out = _ssh(host, "systemctl is-system-running; sudo -n id -u; python3 -V; cat /etc/os-release")
+        assert out.returncode == 0, out.stderr
+        lines = out.stdout.splitlines()
+        assert lines[0] in {"running", "degraded"}
+        assert lines[1] == "0"
+        assert lines[2].startswith("Python 3.")
+        assert "jammy" in out.stdout or "bookworm" in out.stdout
+        # a second `up` of a running host changes nothing
+        assert testhosts.up(INDEX).address == host.address
+        assert testhosts.is_up(INDEX)
+    finally:
+        testhosts.down(INDEX)
+    assert _leftovers(INDEX) == []
+
+
+@pytest.mark.hosts
+def test_a_stopped_host_keeps_its_disk_like_a_stopped_vm() -> None:
+    host = testhosts.up(INDEX)
+    try:
+        assert _ssh(host, "echo kept > ~/marker").returncode == 0
+        testhosts.stop(INDEX)
+        assert not testhosts.is_up(INDEX)
+        host = testhosts.up(INDEX)
+        assert _ssh(host, "cat ~/marker").stdout.strip() == "kept"
+    finally:
+        testhosts.down(INDEX)
+    assert _leftovers(INDEX) == []
+
+
+@pytest.mark.hosts
+def test_down_all_cleans_up_after_a_killed_run() -> None:
+    """A run killed mid-way leaves a host half-alive; removal (what CI's trap calls) cleans it all.
+
+    The trap calls `down-all`, which is `down` for every index found; the test uses `down` on its
+    own index so that hosts of other runs on this machine are left alone.
+    """
+    testhosts.up(INDEX)
+    # simulate the kill: the nspawn process dies without an orderly teardown
+    host_dir = testhosts.base_dir() / "hosts" / f"th{INDEX}"
+    pid = int((host_dir / "pid").read_text())
+    leader = int((host_dir / "leader").read_text())  # the container's systemd, which outlives nspawn
+    subprocess.run(["kill", "-KILL", str(pid)], check=True)
+    assert INDEX in testhosts.running()
+    testhosts.down(INDEX)
+    assert _leftovers(INDEX) == []
+    assert _ended(leader), "the container's init survived its host's removal"
+    links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout
+    assert f"th{INDEX}-h" not in links, "the host's veth survived (its namespace is still held)"
+    testhosts.down(INDEX)  # idempotent: a second removal is a no-op
+    assert _leftovers(INDEX) == []

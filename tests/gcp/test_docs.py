@@ -1,0 +1,49 @@
+"""The plugin and the modules carry documentation that ansible-doc renders."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from gcp_helpers import REPO, offline_env
+
+
+def ansible_doc(*args: str) -> str:
+    proc = subprocess.run(
+        [str(REPO / ".venv/bin/ansible-doc"), *args],
+        cwd=REPO,
+        env=offline_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "[ERROR]" not in proc.stderr and "[WARNING]" not in proc.stderr, proc.stderr
+    return proc.stdout
+
+
+def test_the_modules_document_options_examples_and_return_values():
+    docs = json.loads(ansible_doc("-j", "-t", "module", "gcp_gpu_instance", "gcp_gpu_firewall"))
+    instance = docs["gcp_gpu_instance"]
+    assert {"spot", "instance_termination_action", "fallback_zones", "credentials_file"} <= set(
+        instance["doc"]["options"]
+    )
+    assert "instance" in instance["return"] and "gpu_type" in instance["return"]["instance"]["contains"]
+    assert "fallback_zones" in instance["examples"]
+    firewall = docs["gcp_gpu_firewall"]
+    assert firewall["doc"]["options"]["source_ranges"]["default"] == ["35.235.240.0/20"]
+    assert firewall["examples"] and firewall["return"]
+
+
+def test_the_inventory_plugin_renders_with_its_fragments_and_examples():
+    text = ansible_doc("-t", "inventory", "gcp_gpu")
+    for expected in (
+        "projects",
+        "keyed_groups",
+        "cache_plugin",
+        "ansible_host_preference",
+        "EXAMPLES",
+        "plugin: gcp_gpu",
+        "FORJA_GCP_CREDENTIALS_FILE",
+    ):
+        assert expected in text, expected

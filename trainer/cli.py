@@ -1,0 +1,159 @@
+"""Command line: ``python -m trainer {train,find-batch,estimate,benchmark,report}``.
+
+Exit codes are part of the contract with systemd (the trainer_run role): 0 completed, 3 stopped by
+SIGTERM after a clean checkpoint (restart to resume), 2 bad config (restarting cannot help),
+1 any other failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+from trainer.config import ConfigError
+
+EXIT_COMPLETED, EXIT_FAILED, EXIT_BAD_CONFIG, EXIT_PREEMPTED = 0, 1, 2, 3
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def with_config(name: str, help_text: str) -> argparse.ArgumentParser:
+        cmd = sub.add_parser(name, help=help_text, description=help_text)
+        cmd.add_argument("--config", required=True, help="YAML file, or a built-in name: digits, mnist")
+        cmd.add_argument(
+            "--set",
+            dest="overrides",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="override a config key (dotted for nested keys), repeatable",
+        )
+        return cmd
+
+    train = with_config("train", "Train, resuming from the newest valid checkpoint in OUT/checkpoints.")
+    train.add_argument("--out", help="run folder (default: the config's out_dir)")
+    find = with_config("find-batch", "Find the largest micro-batch that fits and the effective-batch plan.")
+    find.add_argument("--no-cache", action="store_true", help="search again even if a result is cached")
+    find.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    est = with_config("estimate", "Predict training memory and the largest model/batch that fits.")
+    est.add_argument(
+        "--memory-gb", type=float, help="device memory to plan for (default: this GPU, else 24 = L4)"
+    )
+    est.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    bench = sub.add_parser("benchmark", help="Matmul throughput, CPU vs GPU, and the fraction of peak.")
+    bench.add_argument("--sizes", default="1024,2048,4096", help="square matrix sizes, comma-separated")
+    bench.add_argument("--repeats", type=int, default=5, help="timed repetitions per size")
+    bench.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    report = sub.add_parser("report", help="Render plots/*.png and summary.json for a run folder.")
+    report.add_argument("--run", required=True, help="the run folder (out_dir)")
+    return parser
+
+
+def _setup_logging() -> None:
+    rank = int(os.environ.get("RANK", "0"))
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        format=f"%(asctime)s [rank {rank}] %(levelname)s %(message)s"
+        if "RANK" in os.environ
+        else "%(asctime)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _print(data: dict[str, Any], as_json: bool, table: str) -> None:
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    print(json.dumps(data, indent=2, default=str) if as_json else table, flush=True)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "report":
+        from trainer.report import render
+
+        summary = render(args.run)
+        print(json.dumps(summary, indent=2, default=str))
+        return EXIT_COMPLETED
+    if args.command == "benchmark":
+        from trainer.benchmark import format_table, run_benchmark
+
+        sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+        rows = run_benchmark(sizes, args.repeats)
+        _print({"rows": rows}, args.json, format_table(rows))
+        return EXIT_COMPLETED
+
+    from trainer.config import load
+
+    config = load(args.config, args.overrides)
+    if args.command == "train":
+        from trainer.train import train
+
+        result = train(config, args.out)
+        if result.summary:
+            print(
+                json.dumps(
+                    {
+                        k: result.summary.get(k)
+                        for k in (
+                            "status",
+                            "steps",
+                            "final_loss",
+                            "accuracy",
+                            "samples_per_s",
+                            "wall_s",
+                            "cost_usd",
+                        )
+                    }
+                ),
+                flush=True,
+            )
+        return result.exit_code
+    if args.command == "find-batch":
+        from trainer.batch_finder import find_batch, format_result
+        from trainer.runtime import prepare
+
+        rt = prepare(config)
+        try:
+            result = find_batch(
+                config,
+                rt.world,
+                rt.model_fn,
+                rt.loss_fn,
+                rt.train_data,
+                rt.precision,
+                rt.channels_last,
+                use_cache=not args.no_cache,
+            )
+        finally:
+            from trainer.distributed import teardown
+
+            teardown()
+        _print(result.to_dict(), args.json, format_result(result))
+        return EXIT_COMPLETED
+    if args.command == "estimate":
+        from trainer.estimate import estimate, format_estimate
+        from trainer.runtime import prepare
+
+        rt = prepare(config)
+        report = estimate(rt, args.memory_gb)
+        _print(report, args.json, format_estimate(report))
+        return EXIT_COMPLETED
+    raise AssertionError(args.command)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    _setup_logging()
+    try:
+        return _run(args)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    except Exception:
+        logging.getLogger("trainer").exception("failed")
+        return EXIT_FAILED

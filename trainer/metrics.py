@@ -1,0 +1,158 @@
+"""What a run did, in numbers: metrics.jsonl, events.jsonl and a console progress line.
+
+Why JSON lines: one self-contained object per line survives a SIGKILL (at worst the last line is
+cut, and readers skip it), can be tailed over SSH, and plotted later by ``report``. GPU numbers
+come from nvidia-ml-py when it and a driver are present; CPU utilisation from psutil. Both are
+sampled only at log steps, so the hot loop pays nothing for them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+
+log = logging.getLogger(__name__)
+
+METRIC_FIELDS = (
+    "step",
+    "loss",
+    "lr",
+    "samples_per_s",
+    "step_time_s",
+    "data_wait_s",
+    "gpu_mem_gb",
+    "gpu_util",
+    "cpu_util",
+    "cost_usd",
+    "wall_s",
+    "time",
+)
+
+
+def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    """Objects from a JSON-lines file; a line cut by a crash is skipped, not fatal."""
+    if not path.is_file():
+        return
+    with open(path) as handle:
+        for line in handle:
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(obj, dict):
+                yield obj
+
+
+class JsonLines:
+    """Append-only JSON-lines file, flushed per line (a killed run keeps what it logged)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._handle = open(path, "a", buffering=1)  # noqa: SIM115 - kept open for the whole run
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._handle.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+def truncate_after(path: Path, step: int) -> dict[str, Any] | None:
+    """Drop metric lines past ``step`` (work a resumed run redoes); return the last dropped-or-kept line.
+
+    The last line is returned so the caller can carry its wall time and cost forward: lost work was
+    still paid for.
+    """
+    records = list(read_jsonl(path))
+    if not records:
+        return None
+    kept = [r for r in records if int(r.get("step", 0)) <= step]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in kept))
+    tmp.replace(path)
+    return records[-1]
+
+
+class GpuProbe:
+    """Utilisation and memory of this process's GPU through NVML, or nothing when unavailable."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._handle: Any = None
+        if device.type != "cuda":
+            return
+        try:
+            import pynvml  # nvidia-ml-py: optional
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+        except Exception as exc:  # no library, no driver, no permission: report nulls, train anyway
+            log.info("GPU utilisation unavailable (%s)", exc)
+
+    def utilisation(self) -> float | None:
+        if self._handle is None:
+            return None
+        try:
+            return float(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
+        except Exception:
+            return None
+
+    def peak_memory_gb(self) -> float | None:
+        """Peak memory the caching allocator reserved since the last call (what the GPU really holds)."""
+        if self.device.type != "cuda":
+            return None
+        peak = torch.cuda.max_memory_reserved(self.device) / 1e9
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return round(peak, 3)
+
+
+def cpu_utilisation() -> float:
+    """System-wide CPU % since the previous call (DataLoader workers are other processes)."""
+    return float(psutil.cpu_percent(interval=None))
+
+
+def cost_usd(wall_s: float, price_per_hour: float) -> float:
+    return wall_s / 3600.0 * price_per_hour
+
+
+def progress_line(record: dict[str, Any], total_steps: int, eta_s: float | None) -> str:
+    """``step 120/400 | loss 0.3120 | lr 1.80e-03 | 11,234 samples/s | ...`` for a person to read."""
+    parts = [
+        f"step {record['step']}/{total_steps}",
+        f"loss {record['loss']:.4f}",
+        f"lr {record['lr']:.2e}",
+        f"{record['samples_per_s']:,.0f} samples/s",
+        f"data wait {100.0 * record['data_wait_s'] / max(record['step_time_s'], 1e-9):.0f}%",
+    ]
+    if record.get("gpu_mem_gb") is not None:
+        util = record.get("gpu_util")
+        parts.append(f"gpu {record['gpu_mem_gb']:.1f} GB" + (f" {util:.0f}%" if util is not None else ""))
+    parts.append(f"cpu {record['cpu_util']:.0f}%")
+    parts.append(f"${record['cost_usd']:.4f}")
+    if eta_s is not None:
+        parts.append(f"eta {timedelta(seconds=round(eta_s))}")
+    return " | ".join(parts)
+
+
+class Clock:
+    """Monotonic seconds for this process, plus wall time carried over from earlier sessions."""
+
+    def __init__(self, carried_s: float = 0.0) -> None:
+        self.start = time.monotonic()
+        self.carried_s = carried_s
+
+    def session_s(self) -> float:
+        return time.monotonic() - self.start
+
+    def total_s(self) -> float:
+        return self.carried_s + self.session_s()

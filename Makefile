@@ -45,8 +45,16 @@ lint: venv
 unit: venv
 	pytest -q tests
 
+# Each scenario's output is also kept in .ci-logs/; when one fails, its failing tests and
+# assertion lines are printed again last, so the end of a CI log says what broke.
 molecule: setup
-	@set -e; for s in $(SCENARIOS); do echo "=== molecule test -s $$s"; molecule test -s $$s; done
+	@set -eo pipefail; mkdir -p .ci-logs; for s in $(SCENARIOS); do echo "=== molecule test -s $$s"; \
+	  if ! molecule test -s $$s 2>&1 | tee .ci-logs/molecule-$$s.log; then \
+	    echo "=== molecule test -s $$s failed:"; \
+	    grep -aE '^(FAILED|ERROR) |^E  |fatal: \[' .ci-logs/molecule-$$s.log | cut -c1-300 | tail -n 30; \
+	    exit 1; \
+	  fi; \
+	done
 
 test: setup lint unit molecule
 

@@ -74,8 +74,13 @@ def ssh_command(
 
 
 def port_is_free(port: int) -> bool:
-    """True when nothing on this machine holds 127.0.0.1:port (so a connect would reach our tunnel)."""
+    """True when nothing on this machine holds 127.0.0.1:port (so a connect would reach our tunnel).
+
+    SO_REUSEADDR, as ssh sets on its forwards: connections of a tunnel closed a moment ago linger
+    in TIME_WAIT on the port and must not make it look taken (ssh would bind it fine).
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("127.0.0.1", port))
         except OSError:

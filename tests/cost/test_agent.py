@@ -11,7 +11,10 @@ import json
 import os
 import socket
 import struct
+import subprocess
+import sys
 import threading
+import time
 from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
@@ -240,6 +243,53 @@ def test_only_a_busy_kernel_is_work_and_the_latest_activity_is_reported():
     assert notes == ["kernel 77aa starting, last active 30 s ago", "kernel 9b9b idle"]
     assert last == t - 30
     assert agent.kernel_signals([], t) == ([], ["no Jupyter kernels"], None)
+
+
+def test_a_kernel_whose_process_is_at_work_is_busy_whatever_jupyter_says():
+    t = datetime(2026, 11, 22, 4, 0, tzinfo=timezone.utc).timestamp()
+    kernels = [
+        {"id": "77aa01", "execution_state": "starting", "last_activity": "2026-11-22T03:50:00Z"},
+        {"id": "9b9b9b", "execution_state": "idle"},
+    ]
+    busy, notes, _ = agent.kernel_signals(kernels, t, {"77aa01": "waiting in hrtimer_nanosleep"})
+    assert busy == ["kernel 77aa busy (its process is waiting in hrtimer_nanosleep; Jupyter says starting)"]
+    assert notes == ["kernel 9b9b idle"]
+
+
+# A stand-in kernel: a process whose command line names its connection file, as ipykernel's does,
+# and whose main thread either waits in an epoll loop (idle) or sleeps inside a "cell".
+KERNEL_STANDIN = {
+    "idle": "import selectors; selectors.EpollSelector().select(60)",
+    "sleeping cell": "import time; time.sleep(60)",
+    "computing cell": "while True: pass",
+}
+
+
+@pytest.fixture
+def standin_kernels(tmp_path):
+    procs = {}
+    for n, (kind, code) in enumerate(KERNEL_STANDIN.items()):
+        connection = tmp_path / f"kernel-{n:04d}-{kind.replace(' ', '-')}.json"
+        procs[kind] = subprocess.Popen([sys.executable, "-c", code, "-f", str(connection)])
+    time.sleep(1.0)  # each reaches its wait (or its loop)
+    yield {kind: f"{n:04d}-{kind.replace(' ', '-')}" for n, kind in enumerate(KERNEL_STANDIN)}
+    for proc in procs.values():
+        proc.kill()
+        proc.wait()
+
+
+def test_kernel_processes_are_found_by_connection_file_and_read_from_proc(standin_kernels):
+    ids = standin_kernels
+    assert set(ids.values()) <= set(agent.kernel_pids("/proc"))
+    at_work = agent.kernels_at_work("/proc", [*ids.values(), "not-running"])
+    assert ids["idle"] not in at_work
+    assert "nanosleep" in at_work[ids["sleeping cell"]]
+    assert at_work[ids["computing cell"]] == "running"
+
+
+def test_an_unreadable_or_missing_process_says_nothing(tmp_path):
+    assert agent.kernel_pids(str(tmp_path / "absent")) == {}
+    assert agent.main_thread_at_work(str(tmp_path), 424242) is None
 
 
 def test_jupyter_times_are_utc():

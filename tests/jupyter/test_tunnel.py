@@ -43,6 +43,20 @@ def test_a_busy_local_port_is_refused_before_ssh_starts():
             pass
 
 
+def test_a_port_whose_last_tunnel_just_closed_is_free_again():
+    # The listener side closes first, as a tunnel does when it ends: its connection lingers in
+    # TIME_WAIT on the port for a minute. ssh binds through that; so must the check.
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = server.accept()
+        accepted.close()
+        client.close()
+    assert "TIME-WAIT" in subprocess.run(["ss", "-tan", f"sport = :{port}"], capture_output=True,
+                                         text=True, check=True).stdout
+    assert port_is_free(port)
+
+
 def test_ssh_giving_up_raises_with_its_own_message_and_leaves_no_process():
     with socket.socket() as probe:  # a port with nothing behind it: ssh's connection is refused
         probe.bind(("127.0.0.1", 0))

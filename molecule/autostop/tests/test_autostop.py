@@ -256,13 +256,18 @@ def test_a_kernel_running_a_long_cell_keeps_the_vm_and_an_idle_kernel_does_not()
         cell = threading.Thread(target=run_cell)
         cell.start()
 
+        seen: list[dict] = []
+
         def kernel_busy():
             assert cell.is_alive() or "out" in result, f"the cell failed: {result.get('error')!r}"
-            record = decide_once()
-            busy = [r for r in record["reasons"] if r.startswith("kernel ") and r.endswith(" busy")]
+            seen.append(record := decide_once())
+            busy = [r for r in record["reasons"] if r.startswith("kernel ") and " busy" in r]
             return record["decision"] == "keep" and busy and record
 
-        until(kernel_busy, 60, "the busy kernel to keep the VM")
+        try:
+            until(kernel_busy, 60, "the busy kernel to keep the VM")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; decisions seen: {seen[:2]} ... {seen[-2:]}") from None
         time.sleep(7)  # longer than the 6 s window: still kept while the cell runs
         assert decide_once()["decision"] == "keep"
         cell.join(timeout=150)

@@ -10,7 +10,12 @@ stops, the disk keeps costing.
 "Idle" means ALL of these, for the whole idle window:
   - no Jupyter kernel busy, and no kernel activity within the window (GET /api/kernels with the
     token in the Authorization header; an idle Colab tab keeps a websocket open but makes no
-    kernel activity, so it does not keep the VM alive);
+    kernel activity, so it does not keep the VM alive). Jupyter's own view can go stale: its
+    activity monitor sometimes misses every status message of a kernel (it then says "starting"
+    or "idle" for the whole of a long cell; seen here after a cold kernel start, and reported
+    upstream, e.g. jupyter-server/enterprise_gateway#1138). So each kernel's process is looked
+    at too: an idle ipykernel waits in its event loop (epoll) on the main thread; any other
+    main-thread state (running, sleeping, waiting on I/O or the GPU) is a cell at work;
   - no training unit (forja-train@*.service) active;
   - GPU utilisation under the threshold (nvidia-smi; a VM without one says "no GPU");
   - no interactive login session: a utmp entry with a TTY. An `ssh -N -L` tunnel has no TTY
@@ -60,6 +65,7 @@ DEFAULTS: dict[str, Any] = {
     "state_dir": "/var/lib/forja/autostop",
     "nvidia_smi": "nvidia-smi",
     "utmp": "/run/utmp",
+    "proc_root": "/proc",
 }
 NUMBERS = (
     "idle_minutes",
@@ -237,12 +243,87 @@ def interactive_sessions(utmp_path: str) -> list[str]:
     return sessions
 
 
-def kernel_signals(kernels: list[dict[str, Any]], now: float) -> tuple[list[str], list[str], float | None]:
+# Syscalls an event loop waits in, by machine, for when /proc/PID/wchan is hidden.
+EPOLL_SYSCALLS = {"x86_64": {232, 281, 441}, "aarch64": {22, 441}}
+
+
+def kernel_pids(proc_root: str) -> dict[str, int]:
+    """Kernel id -> process id, from the ``kernel-<id>.json`` connection file on each command line."""
+    pids: dict[str, int] = {}
+    try:
+        entries = os.listdir(proc_root)
+    except OSError:
+        return pids
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(os.path.join(proc_root, entry, "cmdline"), "rb") as handle:
+                args = handle.read().split(b"\0")
+        except OSError:
+            continue  # gone, or not ours to read
+        for arg in args:
+            name = os.path.basename(arg.decode(errors="replace"))
+            if name.startswith("kernel-") and name.endswith(".json"):
+                pids.setdefault(name[len("kernel-") : -len(".json")], int(entry))
+    return pids
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="ascii", errors="replace") as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
+
+
+def main_thread_at_work(proc_root: str, pid: int) -> str | None:
+    """Why a kernel process is running code, or None when its main thread waits in its event loop.
+
+    ipykernel serves requests from an asyncio loop on the main thread and runs cells there too:
+    between cells that thread sits in epoll_wait; during a cell it runs, sleeps or waits on
+    something else. A process that cannot be read says nothing (None).
+    """
+    base = os.path.join(proc_root, str(pid))
+    stat = _read(os.path.join(base, "stat"))
+    if not stat:
+        return None
+    state = stat.rsplit(")", 1)[-1].split()[0]
+    if state in ("R", "D"):
+        return "running" if state == "R" else "in uninterruptible I/O"
+    wchan = _read(os.path.join(base, "wchan"))
+    if "epoll" in wchan:
+        return None
+    call = _read(os.path.join(base, "syscall")).split(" ", 1)[0]
+    if call.isdigit() and int(call) in EPOLL_SYSCALLS.get(os.uname().machine, set()):
+        return None
+    if wchan and wchan != "0":
+        return f"waiting in {wchan}"
+    return f"in syscall {call}" if call else None
+
+
+def kernels_at_work(proc_root: str, kernel_ids: list[str]) -> dict[str, str]:
+    """Kernel id -> why its process is at work, for the kernels Jupyter listed."""
+    pids = kernel_pids(proc_root)
+    found = {}
+    for kernel_id in kernel_ids:
+        if kernel_id in pids:
+            why = main_thread_at_work(proc_root, pids[kernel_id])
+            if why:
+                found[kernel_id] = why
+    return found
+
+
+def kernel_signals(
+    kernels: list[dict[str, Any]], now: float, at_work: dict[str, str] | None = None
+) -> tuple[list[str], list[str], float | None]:
     """Busy reasons, idle notes and the latest activity from Jupyter's kernel list.
 
-    Only "busy" is work. A kernel nobody has connected to can sit in "starting" for ever; its
+    "busy" is work, and so is a kernel whose process is at work whatever Jupyter says (see
+    the module docstring). A kernel nobody has connected to can sit in "starting" for ever; its
     start time (last_activity) still opens a fresh idle window, through decide().
     """
+    at_work = at_work or {}
     busy: list[str] = []
     notes: list[str] = []
     last_activity: float | None = None
@@ -255,6 +336,8 @@ def kernel_signals(kernels: list[dict[str, Any]], now: float) -> tuple[list[str]
             last_activity = when if last_activity is None else max(last_activity, when)
         if state == "busy":
             busy.append(f"kernel {short} busy")
+        elif kernel.get("id") in at_work:
+            busy.append(f"kernel {short} busy (its process is {at_work[kernel['id']]}; Jupyter says {state})")
         elif when is not None:
             notes.append(f"kernel {short} {state}, last active {max(0.0, now - when):.0f} s ago")
         else:
@@ -279,7 +362,8 @@ def observe(config: dict[str, Any], now: float) -> dict[str, Any]:
     elif status != "ok":
         notes.append(status)
     else:
-        kernel_busy, kernel_notes, last_activity = kernel_signals(kernels, now)
+        at_work = kernels_at_work(config["proc_root"], [str(k.get("id")) for k in kernels])
+        kernel_busy, kernel_notes, last_activity = kernel_signals(kernels, now, at_work)
         busy += kernel_busy
         notes += kernel_notes
     units = training_units(config["train_unit_pattern"])

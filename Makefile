@@ -51,7 +51,8 @@ molecule: setup
 	@set -eo pipefail; mkdir -p .ci-logs; for s in $(SCENARIOS); do echo "=== molecule test -s $$s"; \
 	  if ! molecule test -s $$s 2>&1 | tee .ci-logs/molecule-$$s.log; then \
 	    echo "=== molecule test -s $$s failed:"; \
-	    grep -aE '^(FAILED|ERROR) |^E  |fatal: \[' .ci-logs/molecule-$$s.log | cut -c1-300 | tail -n 30; \
+	    sed -E 's/\x1b\[[0-9;]*m//g; s/^ *[│┌└]//' .ci-logs/molecule-$$s.log \
+	      | grep -aE 'fatal: \[|^ *E  |\.py::|[0-9]+ (passed|failed)' | cut -c1-300 | tail -n 30; \
 	    exit 1; \
 	  fi; \
 	done

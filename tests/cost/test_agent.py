@@ -258,10 +258,11 @@ def test_a_kernel_whose_process_is_at_work_is_busy_whatever_jupyter_says():
 
 # A stand-in kernel: a process whose command line names its connection file, as ipykernel's does,
 # and whose main thread either waits in an epoll loop (idle) or sleeps inside a "cell".
+# Each prints "ready" just before it blocks, so the test waits for that rather than a guess.
 KERNEL_STANDIN = {
-    "idle": "import selectors; selectors.EpollSelector().select(60)",
-    "sleeping cell": "import time; time.sleep(60)",
-    "computing cell": "while True: pass",
+    "idle": "import selectors; s = selectors.EpollSelector(); print('ready', flush=True); s.select(60)",
+    "sleeping cell": "import time; print('ready', flush=True); time.sleep(60)",
+    "computing cell": "print('ready', flush=True)\nwhile True: pass",
 }
 
 
@@ -270,8 +271,12 @@ def standin_kernels(tmp_path):
     procs = {}
     for n, (kind, code) in enumerate(KERNEL_STANDIN.items()):
         connection = tmp_path / f"kernel-{n:04d}-{kind.replace(' ', '-')}.json"
-        procs[kind] = subprocess.Popen([sys.executable, "-c", code, "-f", str(connection)])
-    time.sleep(1.0)  # each reaches its wait (or its loop)
+        procs[kind] = subprocess.Popen(
+            [sys.executable, "-c", code, "-f", str(connection)], stdout=subprocess.PIPE, text=True
+        )
+    for proc in procs.values():
+        assert proc.stdout.readline() == "ready\n"
+    time.sleep(0.2)  # from the print to the blocking call itself
     yield {kind: f"{n:04d}-{kind.replace(' ', '-')}" for n, kind in enumerate(KERNEL_STANDIN)}
     for proc in procs.values():
         proc.kill()

@@ -124,12 +124,17 @@ def boot_id() -> str:
         return handle.read().strip()
 
 
+def stat_fields(text: str) -> list[str]:
+    """The fields of /proc/PID/stat after the command name (which may hold spaces and ")")."""
+    return text.rsplit(")", 1)[1].split()
+
+
 def uptime_seconds() -> float:
     """Time since PID 1 started: the VM's boot, and also right inside a container (test hosts)."""
     with open("/proc/uptime", encoding="ascii") as handle:
         system_up = float(handle.read().split()[0])
     with open("/proc/1/stat", encoding="ascii") as handle:
-        fields = handle.read().rsplit(")", 1)[1].split()
+        fields = stat_fields(handle.read())
     started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of stat: starttime in ticks
     return max(0.0, system_up - started)
 
@@ -288,7 +293,7 @@ def main_thread_at_work(proc_root: str, pid: int) -> str | None:
     stat = _read(os.path.join(base, "stat"))
     if not stat:
         return None
-    state = stat.rsplit(")", 1)[-1].split()[0]
+    state = stat_fields(stat)[0]
     if state in ("R", "D"):
         return "running" if state == "R" else "in uninterruptible I/O"
     wchan = _read(os.path.join(base, "wchan"))
@@ -303,7 +308,9 @@ def main_thread_at_work(proc_root: str, pid: int) -> str | None:
 
 
 def kernels_at_work(proc_root: str, kernel_ids: list[str]) -> dict[str, str]:
-    """Kernel id -> why its process is at work, for the kernels Jupyter listed."""
+    """Kernel id -> why its process is at work, for the given kernels (none given: /proc is not read)."""
+    if not kernel_ids:
+        return {}
     pids = kernel_pids(proc_root)
     found = {}
     for kernel_id in kernel_ids:
@@ -362,7 +369,8 @@ def observe(config: dict[str, Any], now: float) -> dict[str, Any]:
     elif status != "ok":
         notes.append(status)
     else:
-        at_work = kernels_at_work(config["proc_root"], [str(k.get("id")) for k in kernels])
+        unsure = [str(k.get("id")) for k in kernels if k.get("execution_state") != "busy"]
+        at_work = kernels_at_work(config["proc_root"], unsure)
         kernel_busy, kernel_notes, last_activity = kernel_signals(kernels, now, at_work)
         busy += kernel_busy
         notes += kernel_notes

@@ -130,10 +130,25 @@ def test_colab_reaches_the_provisioned_jupyter_through_a_tunnel(
             colab.run_via_direct(tunnel.base_url, "wrong-token", "print(1)")
 
 
-def test_a_second_run_changes_nothing(first_run: subprocess.CompletedProcess[str]) -> None:
-    recap = _recap(_playbook("site.yml", *SPOT).stdout)
+def _assert_nothing_changed(proc: subprocess.CompletedProcess[str]) -> None:
+    recap = _recap(proc.stdout)
     assert recap, "no PLAY RECAP found"
     assert {host: stats["changed"] for host, stats in recap.items()} == dict.fromkeys(recap, 0)
+
+
+def test_a_second_run_changes_nothing(first_run: subprocess.CompletedProcess[str]) -> None:
+    _assert_nothing_changed(_playbook("site.yml", *SPOT))
+
+
+def test_a_second_run_with_the_mitogen_strategy_changes_nothing(
+    first_run: subprocess.CompletedProcess[str],
+) -> None:
+    """The opt-in fast strategy (plugins/strategy/mitogen_linear.py) sees the same converged state.
+
+    An unknown strategy name fails the play, so a pass means Mitogen's strategy drove the run.
+    """
+    env = dict(os.environ, ANSIBLE_STRATEGY="mitogen_linear")
+    _assert_nothing_changed(_playbook("site.yml", *SPOT, env=env))
 
 
 def test_a_preempted_spot_vm_comes_back_and_its_training_resumes_and_finishes(

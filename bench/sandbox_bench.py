@@ -62,19 +62,25 @@ def main() -> int:
     rerun, rerun_changed = play("site.yml")
     fast, fast_changed = play("site.yml", MITOGEN)
     floor, _ = play("bench/floor_play.yml")
+    floor_mitogen, _ = play("bench/floor_play.yml", MITOGEN)
     bare, _ = play("bench/bare_play.yml")
     bare_mitogen, _ = play("bench/bare_play.yml", MITOGEN)
     rows += [("site.yml again (idempotent)", rerun, rerun_changed),
              ("site.yml again, mitogen_linear", fast, fast_changed),
              ("floor: provision + 1 call per role", floor, 0),
+             ("floor, mitogen_linear", floor_mitogen, 0),
              ("bare play (connect only)", bare, 0),
              ("bare play, mitogen_linear", bare_mitogen, 0)]
     print(f"{'phase':<42}{'wall s':>9}{'changed':>9}")
     for name, wall, changed in rows:
         print(f"{name:<42}{wall:>9.1f}{'' if changed < 0 else changed:>9}")
-    print(f"{'re-run / bare play (goal <= 2.0)':<42}{rerun / bare:>9.2f}")
-    print(f"{'mitogen re-run / bare play':<42}{fast / bare:>9.2f}")
-    print(f"{'floor / bare play':<42}{floor / bare:>9.2f}")
+    ratios = [("re-run / bare play (goal <= 2.0)", rerun / bare),
+              ("mitogen re-run / bare play", fast / bare),
+              ("floor / bare play", floor / bare),
+              ("mitogen re-run / mitogen bare play", fast / bare_mitogen),
+              ("mitogen floor / mitogen bare play", floor_mitogen / bare_mitogen)]
+    for name, ratio in ratios:
+        print(f"{name:<42}{ratio:>9.2f}")
     if not args.keep:
         subprocess.run([sys.executable, "-m", "forja.sandbox.service", "destroy"], cwd=ROOT, check=True)
     return 0

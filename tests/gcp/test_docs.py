@@ -1,11 +1,30 @@
-"""The plugin and the modules carry documentation that ansible-doc renders."""
+"""The plugins and the modules carry documentation that ansible-doc renders.
+
+Every plugin under plugins/ is checked for a description and examples; the list comes from the
+folder itself, so a plugin added without its DOCUMENTATION or EXAMPLES fails here rather than in a
+user's `ansible-doc`.
+"""
 
 from __future__ import annotations
 
 import json
 import subprocess
 
+import pytest
 from gcp_helpers import REPO, offline_env
+
+# ansible-doc's type for each plugins/ folder, and the file suffix that holds a plugin's docs
+# (a filter's docs live in a YAML file next to the Python file that holds several filters).
+KINDS = {"modules": ("module", ".py"), "inventory": ("inventory", ".py"),
+         "filter": ("filter", ".yml"), "strategy": ("strategy", ".py")}
+
+
+def _plugins() -> list[tuple[str, str]]:
+    found = []
+    for folder, (kind, suffix) in KINDS.items():
+        found += [(kind, p.stem) for p in sorted((REPO / "plugins" / folder).glob(f"*{suffix}"))
+                  if not p.name.startswith("_")]
+    return found
 
 
 def ansible_doc(*args: str) -> str:
@@ -47,3 +66,15 @@ def test_the_inventory_plugin_renders_with_its_fragments_and_examples():
         "FORJA_GCP_CREDENTIALS_FILE",
     ):
         assert expected in text, expected
+
+
+def test_every_plugin_folder_is_covered():
+    folders = {p.name for p in (REPO / "plugins").iterdir() if p.is_dir()}
+    assert folders - set(KINDS) == {"module_utils", "callback"}
+
+
+@pytest.mark.parametrize(("kind", "name"), _plugins(), ids=lambda v: v)
+def test_the_plugin_renders_with_a_description_and_examples(kind, name):
+    entry = json.loads(ansible_doc("-j", "-t", kind, name))[name]
+    assert entry["doc"]["short_description"] and entry["doc"]["description"]
+    assert entry["examples"].strip()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 RUN = "digits-2node"
@@ -110,7 +111,21 @@ def test_a_completed_run_is_never_started_again(host) -> None:
     host.run(f"sudo systemctl start {UNIT}")
     assert host.service(UNIT).is_running is False
     assert host.check_output(stamp) == before
-    assert "already completed" in host.check_output(f"sudo journalctl -u {UNIT} --no-pager -o cat")
+    assert "already completed" in journal_once_it_says(host, "already completed")
+
+
+def journal_once_it_says(host, text: str, timeout_s: float = 15.0) -> str:
+    """The unit's journal, read again until it holds `text` or `timeout_s` passes.
+
+    journald reads a service's stdout asynchronously, so the line the ExecCondition printed can
+    land after systemd's own "Skipped due to 'exec-condition'".
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        journal = host.check_output(f"sudo journalctl -u {UNIT} --no-pager -o cat")
+        if text in journal or time.monotonic() > deadline:
+            return journal
+        time.sleep(0.5)
 
 
 def test_results_came_back_to_the_controller(host) -> None:

@@ -118,6 +118,8 @@ def _run(args: argparse.Namespace) -> int:
         from trainer.runtime import prepare
 
         rt = prepare(config)
+        from trainer.distributed import teardown
+
         try:
             result = find_batch(
                 config,
@@ -129,10 +131,10 @@ def _run(args: argparse.Namespace) -> int:
                 rt.channels_last,
                 use_cache=not args.no_cache,
             )
-        finally:
-            from trainer.distributed import teardown
-
+        except BaseException:
             teardown()
+            raise
+        teardown(rt.world)
         _print(result.to_dict(), args.json, format_result(result))
         return EXIT_COMPLETED
     if args.command == "estimate":

@@ -78,8 +78,17 @@ def setup(device_kind: str, timeout_s: float) -> World:
     return World(rank=rank, local_rank=local_rank, size=size, device=device, control_group=control)
 
 
-def teardown() -> None:
+def teardown(world: World | None = None) -> None:
+    """Leave the process group; given the `world` of a run that ended well, first wait for every rank.
+
+    A rank that destroys its gloo group and exits while a peer is still finishing can make that
+    peer abort ("terminate called without an active exception"), and torchrun then reports the
+    whole completed run as failed. After an error there is no barrier: a dead peer would hold it
+    for the whole timeout.
+    """
     if dist.is_available() and dist.is_initialized():
+        if world is not None:
+            barrier(world)
         dist.destroy_process_group()
 
 

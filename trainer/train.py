@@ -160,14 +160,17 @@ def train(
     """Train (or resume) the run in ``out_dir``; return its summary. Raises ConfigError on bad input."""
     out = Path(os.path.expanduser(str(out_dir if out_dir is not None else config.out_dir))).resolve()
     rt = prepare(config)
+    ended_well = False
     try:
-        return _train(rt, out, on_step)
+        result = _train(rt, out, on_step)
+        ended_well = True
+        return result
     except Exception as exc:
         if rt.world.is_main and out.is_dir() and not isinstance(exc, ConfigError):
             record_failure(out, exc)
         raise
     finally:
-        distributed.teardown()
+        distributed.teardown(rt.world if ended_well else None)
 
 
 def record_failure(out: Path, exc: BaseException) -> None:

@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 Device = Literal["auto", "cpu", "cuda"]
@@ -37,6 +45,13 @@ class LrSchedule(BaseModel):
     warmup_steps: int = Field(0, ge=0, description="Optimizer steps of linear warm-up from 0 to lr.")
     min_lr: float = Field(0.0, ge=0.0, description="LR reached at the last step when cosine is on.")
     cosine: bool = Field(True, description="Cosine decay from lr to min_lr after warm-up (else constant).")
+    scheduler: str | None = Field(
+        None,
+        description="A torch.optim.lr_scheduler name (OneCycleLR) or path; null: the built-in schedule.",
+    )
+    scheduler_args: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments for the scheduler (stepped per optimizer step)."
+    )
 
 
 class TrainConfig(BaseModel):
@@ -44,12 +59,30 @@ class TrainConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=False)
 
-    # What to train
-    model: str = Field("trainer.demo:digits_cnn", description="Model factory, package.module:callable.")
+    # What to train (each a 'package.module:name' import path or a './file.py:name' file path)
+    model: str = Field("trainer.demo:digits_cnn", description="Model factory or class (import or file path).")
     model_args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the model.")
     data: str = Field("trainer.demo:digits", description="Data factory returning (train, eval) datasets.")
     data_args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the data.")
-    loss: str = Field("torch.nn.functional:cross_entropy", description="Loss(output, target) callable.")
+    loss: str = Field(
+        "auto",
+        description="auto: the model's own loss if it returns one, else cross-entropy; or loss(output, y).",
+    )
+    loss_args: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments for the loss (a class is built with them)."
+    )
+    collate: str | None = Field(
+        None, description="collate_fn(samples) -> batch (import or file path); null: torch's default_collate."
+    )
+    collate_args: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments for collate (a class is built with them)."
+    )
+    label_key: str | None = Field(
+        None, description="Target key in dict batches; null: 'labels', else 'label'."
+    )
+    project_dir: str | None = Field(
+        None, description="Folder for relative file paths; null: $FORJA_PROJECT_DIR, cwd, PYTHONPATH."
+    )
 
     # How long
     steps: int = Field(1000, gt=0, description="Optimizer steps to train for.")
@@ -58,15 +91,29 @@ class TrainConfig(BaseModel):
     # Batch
     batch_size: int | Auto = Field(32, description="Micro-batch per process; 'auto' runs find-batch.")
     max_batch_size: int = Field(4096, gt=0, description="Upper bound for find-batch (CPU has no OOM).")
+    find_batch_margin: float = Field(
+        0.1, ge=0.0, lt=1.0, description="find-batch uses this fraction less than the largest batch that fit."
+    )
+    min_steps_per_epoch: int = Field(
+        20, gt=0, description="batch_size auto: never fewer optimizer steps per epoch than this."
+    )
     effective_batch_size: int | None = Field(
         None, gt=0, description="Global batch per optimizer step (micro x accumulation x processes)."
     )
 
     # Optimizer
-    lr: float = Field(1e-3, gt=0.0, description="Peak learning rate (AdamW).")
+    optimizer: str = Field("AdamW", description="A torch.optim name (SGD, Adam...) or an import/file path.")
+    optimizer_args: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments for the optimizer (momentum, eps...)."
+    )
+    lr: float = Field(1e-3, gt=0.0, description="Peak learning rate, passed to the optimizer as lr.")
     lr_schedule: LrSchedule = Field(default_factory=LrSchedule, description="Warm-up and decay.")
-    weight_decay: float = Field(0.01, ge=0.0, description="AdamW decoupled weight decay.")
-    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    weight_decay: float | None = Field(
+        None, ge=0.0, description="Passed to the optimizer when set; null: its default (AdamW: 0.01)."
+    )
+    betas: tuple[float, float] | None = Field(
+        None, description="Passed to the optimizer when set; null: its default (AdamW: 0.9, 0.999)."
+    )
     grad_clip: float = Field(1.0, ge=0.0, description="Max global grad norm; 0 turns clipping off.")
 
     # Speed
@@ -96,6 +143,12 @@ class TrainConfig(BaseModel):
         30.0, ge=0.0, description="Skip an epoch-end checkpoint this soon after the previous one."
     )
     keep_checkpoints: int = Field(3, ge=1, description="Newest checkpoints kept on disk.")
+    allow_fresh_start: bool = Field(
+        False, description="Start again from step 0 when every checkpoint of the run fails verification."
+    )
+    allow_config_change: bool = Field(
+        False, description="Resume even when the model, data or optimisation changed since the checkpoint."
+    )
     eval_every_steps: int = Field(0, ge=0, description="Evaluate every N steps; 0: only at the end.")
     eval_batch_size: int | None = Field(None, gt=0, description="Eval micro-batch; default batch_size.")
     log_every_steps: int = Field(10, gt=0, description="Metrics line and progress every N steps.")
@@ -103,12 +156,14 @@ class TrainConfig(BaseModel):
     render_plots: bool = Field(True, description="Render plots/*.png when train ends (report does it too).")
     ddp_timeout_s: float = Field(600.0, gt=0.0, description="Process-group timeout: a lost peer fails.")
 
-    @field_validator("model", "data", "loss")
+    @field_validator("model", "data", "loss", "collate")
     @classmethod
-    def _callable_path(cls, value: str) -> str:
-        module, sep, attr = value.partition(":")
-        if not sep or not module or not attr or " " in value:
-            raise ValueError(f"must be 'package.module:callable' (got {value!r})")
+    def _callable_path(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None or (info.field_name == "loss" and value == "auto"):
+            return value
+        module, sep, attr = value.rpartition(":")
+        if not sep or not module or not attr:
+            raise ValueError(f"must be 'package.module:callable' or './file.py:callable' (got {value!r})")
         return value
 
     @model_validator(mode="after")
@@ -129,6 +184,20 @@ class TrainConfig(BaseModel):
                 f"lr_schedule.warmup_steps: {self.lr_schedule.warmup_steps} must be < steps {self.steps} "
                 "(lower warmup_steps or raise steps)"
             )
+        sched = self.lr_schedule
+        if sched.scheduler is not None and (sched.warmup_steps or sched.min_lr):
+            problems.append(
+                f"lr_schedule.scheduler: {sched.scheduler} replaces the built-in warm-up/cosine schedule "
+                "(remove lr_schedule.warmup_steps and lr_schedule.min_lr, or the scheduler)"
+            )
+        for args_key, owner, value in (
+            ("loss_args", "loss", None if self.loss == "auto" else self.loss),
+            ("collate_args", "collate", self.collate),
+            ("lr_schedule.scheduler_args", "lr_schedule.scheduler", sched.scheduler),
+        ):
+            args = sched.scheduler_args if args_key.startswith("lr_schedule") else getattr(self, args_key)
+            if args and value is None:
+                problems.append(f"{args_key}: given without {owner} (set {owner}, or remove {args_key})")
         if self.lr_schedule.min_lr > self.lr:
             problems.append(
                 f"lr_schedule.min_lr: {self.lr_schedule.min_lr} is above lr {self.lr} (use min_lr <= lr)"
@@ -154,7 +223,8 @@ def field_docs() -> dict[str, tuple[Any, str]]:
     for name, info in TrainConfig.model_fields.items():
         if name == "lr_schedule":
             for sub, sub_info in LrSchedule.model_fields.items():
-                docs[f"lr_schedule.{sub}"] = (sub_info.get_default(), sub_info.description or "")
+                default = sub_info.get_default(call_default_factory=True)
+                docs[f"lr_schedule.{sub}"] = (default, sub_info.description or "")
             continue
         default = info.get_default(call_default_factory=True)
         docs[name] = (default, info.description or "")
@@ -178,6 +248,11 @@ ALIASES = {
     "warmup": "warmup_steps",
     "save_every_steps": "checkpoint_every_steps",
     "save_total_limit": "keep_checkpoints",
+    "optim": "optimizer",
+    "optimizer_kwargs": "optimizer_args",
+    "collate_fn": "collate",
+    "data_collator": "collate",
+    "label_names": "label_key",
 }
 
 

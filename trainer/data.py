@@ -10,14 +10,25 @@ from the global torch RNG and a resumed run diverges at its first step.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
-from collections.abc import Iterator, Sequence
+import random
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    Sampler,
+    TensorDataset,
+    default_collate,
+    get_worker_info,
+)
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
@@ -134,11 +145,29 @@ def choose_workers(requested: int | str, device: str) -> int:
 
 
 def make_loader(
-    dataset: Dataset, sampler: ResumableSampler, num_workers: int, pin_memory: bool
+    dataset: Dataset,
+    sampler: ResumableSampler | StreamPosition,
+    num_workers: int,
+    pin_memory: bool,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
 ) -> tuple[DataLoader, torch.Generator]:
-    """A DataLoader over ``sampler`` with its own generator (re-seed it per epoch before ``iter``)."""
+    """A DataLoader over ``sampler`` with its own generator (re-seed it per epoch before ``iter``).
+
+    With workers, a user's dataset is wrapped so each batch's random augmentation is seeded from
+    (seed, epoch, batch) and a resumed run repeats it exactly (:mod:`trainer.seeding`).
+    """
+    from trainer.seeding import WorkerSeeded
+
     generator = torch.Generator()
-    batched = isinstance(dataset, TensorDataset)
+    if isinstance(sampler, StreamPosition):  # a stream: whole steps per item, no sampler (StreamSteps)
+        steps = StreamSteps(dataset, sampler, collate_fn or default_collate)
+        loader = DataLoader(
+            steps, batch_size=None, num_workers=num_workers, pin_memory=pin_memory, generator=generator
+        )
+        return loader, generator
+    batched = isinstance(dataset, TensorDataset) and collate_fn is None
+    if not batched and num_workers > 0 and hasattr(dataset, "__getitem__"):
+        dataset = WorkerSeeded(dataset, sampler.seed)
     return (
         DataLoader(
             TensorBatches(dataset) if batched else dataset,
@@ -147,7 +176,7 @@ def make_loader(
             num_workers=num_workers,
             pin_memory=pin_memory,
             generator=generator,
-            collate_fn=keep_batch if batched else None,
+            collate_fn=keep_batch if batched else collate_fn,
             persistent_workers=False,
         ),
         generator,
@@ -158,8 +187,156 @@ def epoch_iterator(
     loader: DataLoader, generator: torch.Generator, seed: int, epoch: int, start_step: int
 ) -> Iterator[Any]:
     """An iterator over the rest of ``epoch`` from ``start_step``; draws nothing from the global RNG."""
+    if isinstance(loader.dataset, StreamSteps):  # a stream: flatten its steps into micro-batches
+        loader.dataset.position.set_position(epoch, start_step)
+        generator.manual_seed(epoch_seed(seed, epoch) ^ 0x5EED)
+        return itertools.chain.from_iterable(loader)
     sampler = loader.sampler
     assert isinstance(sampler, ResumableSampler)
     sampler.set_position(epoch, start_step)
+    from trainer.seeding import WorkerSeeded
+
+    if isinstance(loader.dataset, WorkerSeeded):  # workers copy it when iter() starts them
+        loader.dataset.epoch = epoch
     generator.manual_seed(epoch_seed(seed, epoch) ^ 0x5EED)
     return iter(loader)
+
+
+# -- iterable datasets (streams), custom collate, evaluation batches ---------------------------------
+
+
+def is_stream(dataset: Any) -> bool:
+    """An iterable-style dataset: read in order, no length, no indexing (torch ``IterableDataset``)."""
+    return isinstance(dataset, IterableDataset)
+
+
+def sized_len(dataset: Any) -> int | None:
+    """The number of samples of a map-style dataset; None for a stream."""
+    return None if is_stream(dataset) else len(dataset)
+
+
+class StreamPosition:
+    """Where a run is in a stream: the pass (``epoch``) and the optimizer steps already taken in it.
+
+    It plays the part the :class:`ResumableSampler` plays for a sized dataset; the number of steps
+    in a pass is unknown until the stream ends, so ``steps_per_epoch`` is None.
+    """
+
+    steps_per_epoch: int | None = None
+
+    def __init__(self, plan: BatchPlan, rank: int, seed: int) -> None:
+        self.plan, self.rank, self.seed = plan, rank, seed
+        self.epoch, self.start_step = 0, 0
+
+    def set_position(self, epoch: int, start_step: int) -> None:
+        self.epoch, self.start_step = epoch, start_step
+
+
+def make_position(dataset: Any, plan: BatchPlan, rank: int, seed: int) -> ResumableSampler | StreamPosition:
+    """The resumable position in ``dataset``: a sampler for a sized one, a stream position otherwise."""
+    if is_stream(dataset):
+        return StreamPosition(plan, rank, seed)
+    return ResumableSampler(len(dataset), plan, rank, seed)
+
+
+@contextlib.contextmanager
+def _stream_seeded(seed: int, epoch: int, block: int) -> Iterator[None]:
+    """Randomness drawn while the stream makes block ``block`` comes from (seed, epoch, block).
+
+    So a resumed run, which re-reads the skipped blocks, sees the same samples after them. In the
+    main process the global generators are restored afterwards: the model's own randomness
+    (dropout) keeps following the checkpointed generator states.
+    """
+    from trainer.seeding import batch_seed, seed_this_worker
+
+    in_worker = get_worker_info() is not None
+    saved = None if in_worker else (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    seed_this_worker(batch_seed(seed, epoch, block))
+    try:
+        yield
+    finally:
+        if saved is not None:
+            random.setstate(saved[0])
+            np.random.set_state(saved[1])
+            torch.set_rng_state(saved[2])
+
+
+class StreamSteps(IterableDataset):
+    """This rank's micro-batches of a stream, grouped by optimizer step, from a given position.
+
+    The stream is cut into global blocks of ``global_batch`` samples (one optimizer step each); a
+    last partial block is dropped, so every rank sees the same number of steps. A rank keeps its
+    share of each block laid out as :class:`ResumableSampler` lays out an index block (2 ranks x 16
+    see the samples of 1 x 32). Each item is the list of ``accum_steps`` collated micro-batches of
+    one step: with DataLoader workers, whole steps go round-robin to the workers, so the order of
+    steps is the same with any number of workers and after a resume. Resume reads the stream from
+    the start of the pass (``set_epoch(epoch)`` is called when the dataset has it) and skips the
+    blocks already trained on: it costs reading them again, and it is exact when the stream yields
+    the same samples for the same epoch (randomness drawn while reading is seeded per block).
+    Every worker and every rank reads the whole stream and keeps its share; a large stream that
+    shards itself by rank and worker should be read with ``num_workers: 0`` or ``1``.
+    """
+
+    def __init__(
+        self, source: IterableDataset, position: StreamPosition, collate: Callable[[list[Any]], Any]
+    ) -> None:
+        self.source, self.position, self.collate = source, position, collate
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        pos, plan = self.position, self.position.plan
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        set_epoch = getattr(self.source, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(pos.epoch)
+        samples = iter(self.source)
+        block = 0
+        while True:
+            with _stream_seeded(pos.seed, pos.epoch, block):
+                chunk = list(itertools.islice(samples, plan.global_batch))
+            if len(chunk) < plan.global_batch:
+                return
+            relative = block - pos.start_step
+            block += 1
+            if relative < 0 or relative % workers != worker:
+                continue
+            micro = []
+            for m in range(plan.accum_steps):
+                first = (m * plan.world_size + pos.rank) * plan.micro_batch
+                micro.append(self.collate(chunk[first : first + plan.micro_batch]))
+            yield micro
+
+
+def take_samples(dataset: Any, count: int) -> list[Any]:
+    """The first ``count`` samples (cycling through a smaller dataset); for find-batch and estimate."""
+    length = sized_len(dataset)
+    if length is not None:
+        if length == 0:
+            raise ValueError("the dataset is empty")
+        return [dataset[i % length] for i in range(count)]
+    taken: list[Any] = []
+    while len(taken) < count:
+        before = len(taken)
+        taken.extend(itertools.islice(iter(dataset), count - len(taken)))
+        if len(taken) == before:
+            raise ValueError("the stream yielded no samples")
+    return taken
+
+
+def eval_batches(
+    dataset: Any, batch_size: int, rank: int, world: int, collate: Callable[[list[Any]], Any] | None
+) -> Iterator[Any]:
+    """This rank's share of the eval set: index shards of a sized set, every world-th batch of a stream."""
+    if is_stream(dataset):
+        loader = DataLoader(dataset, batch_size=batch_size, collate_fn=collate or default_collate)
+        yield from itertools.islice(iter(loader), rank, None, world)
+        return
+    indices = list(range(rank, len(dataset), world))
+    fast = collate is None and isinstance(dataset, TensorDataset)
+    for first in range(0, len(indices), batch_size):
+        chunk = indices[first : first + batch_size]
+        if fast:
+            index = torch.as_tensor(chunk)
+            yield tuple(t[index] for t in dataset.tensors)
+        else:
+            yield (collate or default_collate)([dataset[i] for i in chunk])

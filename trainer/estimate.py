@@ -1,11 +1,12 @@
 """``estimate``: how much memory training needs, and how big a model or batch would fit.
 
-Why measure activations instead of guessing: parameters, gradients and optimizer state follow from
-the parameter count (fp32 master weights 4 B + gradients 4 B + AdamW moments 8 B = 16 B/param,
-plus a 2 B/param autocast copy in bf16/fp16), but activations depend on the model's shape. They are
-measured exactly, on any device, by summing the tensors autograd saves for backward during one
-forward pass (``saved_tensors_hooks``). The user's rule of thumb, 2 bytes per parameter in
-fp16/bf16, is what *inference* weights take; training adds the rest, and the table shows both.
+Why measure activations instead of guessing: parameters and gradients follow from the parameter
+count (fp32 master weights 4 B + gradients 4 B, plus a 2 B/param autocast copy in bf16/fp16), the
+optimizer's state from one measured step (AdamW moments: 8 B/param, so 16 B/param in all; SGD with
+momentum 4 B), but activations depend on the model's shape. They are measured exactly, on any
+device, by summing the tensors autograd saves for backward during one forward pass
+(``saved_tensors_hooks``). The user's rule of thumb, 2 bytes per parameter in fp16/bf16, is what
+*inference* weights take; training adds the rest, and the table shows both.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import torch
 
 from trainer.batch_finder import sample_batch
+from trainer.optim import build_optimizer
 from trainer.precision import make_amp
 from trainer.runtime import Runtime
 
@@ -34,16 +36,37 @@ def activation_bytes(rt: Runtime, model: torch.nn.Module, batch: int) -> int:
         return tensor
 
     param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    inputs, targets = sample_batch(rt.train_data, batch, rt.world.device, rt.channels_last)
+    sample = sample_batch(rt.train_data, batch, rt.world.device, rt.channels_last, rt.loss_fn.collate)
     with torch.random.fork_rng(devices=[rt.world.device] if rt.world.device.type == "cuda" else []):
         with (
             torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
             make_amp(rt.precision, rt.world.device.type).autocast(),
         ):
-            loss = rt.loss_fn(model(inputs), targets)
+            loss = rt.loss_fn(model, sample).loss
         loss.backward()
     model.zero_grad(set_to_none=True)
     return sum(n for ptr, n in seen.items() if ptr not in param_ptrs)
+
+
+def optimizer_state_bytes(rt: Runtime, model: torch.nn.Module) -> int:
+    """Bytes of per-element state the configured optimizer keeps, measured after one step.
+
+    Measured, not assumed: AdamW keeps 8 B/param, SGD with momentum 4, plain SGD 0, and a user's
+    optimizer whatever it keeps. Per-step scalars (Adam's ``step``) are left out. The step runs on
+    zero gradients of the throwaway estimate model.
+    """
+    optimizer = build_optimizer(rt.config, model, rt.world.device)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    shapes = {id(p): p.shape for p in model.parameters()}
+    total = 0
+    for param, state in optimizer.state.items():
+        for value in state.values():
+            if isinstance(value, torch.Tensor) and value.shape == shapes.get(id(param)):
+                total += value.numel() * value.element_size()
+    model.zero_grad(set_to_none=True)
+    return total
 
 
 def device_memory_gb(rt: Runtime, requested: float | None) -> tuple[float, str]:
@@ -64,10 +87,13 @@ def estimate(
         model = model.to(memory_format=torch.channels_last)
     n = sum(p.numel() for p in model.parameters())
     half = rt.precision in ("bf16", "fp16")
-    per_param = sum(BYTES_PER_PARAM.values()) + (HALF_COPY if half else 0)
-    fixed = n * per_param
     small, large = probe_batches
     act_small, act_large = activation_bytes(rt, model, small), activation_bytes(rt, model, large)
+    state_bytes = optimizer_state_bytes(rt, model)
+    state_per_param = state_bytes / max(n, 1)
+    per_param = BYTES_PER_PARAM["weights_fp32"] + BYTES_PER_PARAM["grads"] + state_per_param
+    per_param += HALF_COPY if half else 0
+    fixed = n * per_param
     per_sample = (act_large - act_small) / (large - small)
     act_base = max(0.0, act_small - per_sample * small)
     micro = rt.config.batch_size if isinstance(rt.config.batch_size, int) else large
@@ -77,11 +103,12 @@ def estimate(
     result: dict[str, Any] = {
         "params": n,
         "precision": rt.precision,
+        "optimizer": rt.config.optimizer,
         "bytes_per_param_training": per_param,
         "memory_gb": {
             "weights": n * BYTES_PER_PARAM["weights_fp32"] / GB,
             "gradients": n * BYTES_PER_PARAM["grads"] / GB,
-            "optimizer_state": n * BYTES_PER_PARAM["adamw_state"] / GB,
+            "optimizer_state": state_bytes / GB,
             "autocast_copy": n * HALF_COPY / GB if half else 0.0,
             "activations_per_sample": per_sample / GB,
             "activations_at_micro_batch": (act_base + per_sample * micro) / GB,
@@ -98,10 +125,10 @@ def estimate(
     }
     if rt.world.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(rt.world.device)
-        optimizer = torch.optim.AdamW(model.parameters())
-        inputs, targets = sample_batch(rt.train_data, micro, rt.world.device, rt.channels_last)
+        optimizer = build_optimizer(rt.config, model, rt.world.device)
+        sample = sample_batch(rt.train_data, micro, rt.world.device, rt.channels_last, rt.loss_fn.collate)
         with make_amp(rt.precision, "cuda").autocast():
-            loss = rt.loss_fn(model(inputs), targets)
+            loss = rt.loss_fn(model, sample).loss
         loss.backward()
         optimizer.step()
         result["memory_gb"]["measured_peak_at_micro_batch"] = (
@@ -114,11 +141,11 @@ def format_estimate(r: dict[str, Any]) -> str:
     m = r["memory_gb"]
     lines = [
         f"parameters                {r['params']:,}  "
-        f"({r['precision']}, {r['bytes_per_param_training']} B/param "
-        "to train with AdamW)",
+        f"({r['precision']}, {r['bytes_per_param_training']:g} B/param "
+        f"to train with {r['optimizer']})",
         f"  weights (fp32)          {m['weights']:.4f} GB",
         f"  gradients               {m['gradients']:.4f} GB",
-        f"  AdamW state             {m['optimizer_state']:.4f} GB",
+        f"  optimizer state         {m['optimizer_state']:.4f} GB (measured)",
         f"  autocast copy           {m['autocast_copy']:.4f} GB",
         f"activations (measured)    {m['activations_per_sample'] * 1e3:.3f} MB per sample",
         f"predicted peak at micro-batch {r['micro_batch']}: {m['predicted_peak_at_micro_batch']:.3f} GB",

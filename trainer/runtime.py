@@ -19,9 +19,11 @@ import torch
 from torch import nn
 
 from trainer import distributed, precision
+from trainer.batches import Objective
 from trainer.config import ConfigError, TrainConfig
-from trainer.data import choose_workers
-from trainer.imports import load_callable
+from trainer.data import choose_workers, is_stream
+from trainer.errors import user_code
+from trainer.imports import build, check_arguments, load_callable
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +39,7 @@ class Runtime:
     num_workers: int
     pin_memory: bool
     model_fn: Callable[[], nn.Module]
-    loss_fn: Callable[..., torch.Tensor]
+    loss_fn: Objective  # the user's loss wrapped: loss_fn(model, batch) -> Scored (trainer.batches)
     train_data: Any
     eval_data: Any
 
@@ -70,17 +72,49 @@ def configure_determinism(config: TrainConfig, device: str) -> None:
         torch.backends.cudnn.allow_tf32 = True
 
 
+def build_model(factory: Callable[..., nn.Module], path: str, args: dict[str, Any]) -> nn.Module:
+    """The user's model; an exception from their factory (bad model_args...) is a UserCodeError."""
+    from trainer.errors import user_code
+
+    with user_code("model", f"{path} with model_args {args}"):
+        return factory(**args)
+
+
 def load_data(config: TrainConfig) -> tuple[Any, Any]:
-    data_fn = load_callable(config.data, "data")
-    out = data_fn(**config.data_args)
+    data_fn = load_callable(config.data, "data", config.project_dir)
+    check_arguments(data_fn, config.data_args, "data_args")
+    with user_code("data", f"{config.data} with data_args {config.data_args}"):
+        out = data_fn(**config.data_args)
     if not (isinstance(out, tuple | list) and len(out) == 2):
         raise ConfigError(
             [f"data: {config.data} must return (train_dataset, eval_dataset); eval may be None"]
         )
     train, held = out
-    if not hasattr(train, "__len__") or len(train) == 0:
-        raise ConfigError([f"data: {config.data} returned an empty or unsized training dataset"])
+    if is_stream(train):
+        if config.epochs is not None:
+            raise ConfigError(
+                [f"epochs: {config.data} returned an iterable dataset, whose length is unknown (set steps)"]
+            )
+    elif not hasattr(train, "__len__") or not hasattr(train, "__getitem__"):
+        raise ConfigError(
+            [
+                f"data: {config.data} returned a {type(train).__name__} for training; give a map-style "
+                "dataset (__len__ and __getitem__) or a torch IterableDataset"
+            ]
+        )
+    elif len(train) == 0:
+        raise ConfigError([f"data: {config.data} returned an empty training dataset"])
     return train, held
+
+
+def make_objective(config: TrainConfig) -> Objective:
+    """The loss and collate the config names, built once (a class is instantiated with its *_args)."""
+    loss, collate = None, None
+    if config.loss != "auto":
+        loss = build(config.loss, "loss", config.loss_args, "loss_args", config.project_dir)
+    if config.collate is not None:
+        collate = build(config.collate, "collate", config.collate_args, "collate_args", config.project_dir)
+    return Objective(loss, config.loss, config.label_key, collate)
 
 
 def prepare(config: TrainConfig) -> Runtime:
@@ -89,9 +123,10 @@ def prepare(config: TrainConfig) -> Runtime:
         device_kind = distributed.pick_device(config.device)
     except ValueError as exc:
         raise ConfigError([str(exc)]) from None
-    model_factory = load_callable(config.model, "model")
-    model_fn = functools.partial(model_factory, **config.model_args)
-    loss_fn = load_callable(config.loss, "loss")
+    model_factory = load_callable(config.model, "model", config.project_dir)
+    check_arguments(model_factory, config.model_args, "model_args")
+    model_fn = functools.partial(build_model, model_factory, config.model, config.model_args)
+    loss_fn = make_objective(config)
     world = distributed.setup(device_kind, config.ddp_timeout_s)
     if config.memory_fraction is not None and device_kind == "cuda":
         torch.cuda.set_per_process_memory_fraction(config.memory_fraction, world.device)

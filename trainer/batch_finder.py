@@ -6,16 +6,26 @@ true limit of 6, and halving misses it (answers 4). Doubling from 1 then bisecti
 8 bytes per parameter at the first step and a forward-only probe underestimates. An OOM is
 handled outside the ``except`` block (the traceback's frames hold the tensors), then the cache is
 emptied, so one failed trial cannot poison the next. Under DDP every rank must use the same
-micro-batch, so the answer is the minimum over ranks. Results are cached per model, device, dtype.
+micro-batch, so the answer is the minimum over ranks.
+
+Results are cached per model *code* (the source files of the model's classes and its parameter
+shapes, not only its import path: a model grown from 7.6k to 4.8M parameters once reused the old
+answer, which on a GPU means an OOM at start and a restart loop), config, device and dtype. The
+plan keeps ``find_batch_margin`` below the largest batch that fit when memory was the limit
+(allocator fragmentation and longer batches later in a run need room). ``batch_size: auto`` never
+makes an epoch shorter than ``min_steps_per_epoch`` steps: on a CPU nothing runs out of memory, and
+the digits demo once became full-batch training (1 step per epoch, 36 s instead of 1.4 s).
 """
 
 from __future__ import annotations
 
 import gc
 import hashlib
+import inspect
 import json
 import logging
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,10 +33,13 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.data import TensorDataset, default_collate
 
 from trainer import distributed
+from trainer.batches import Objective, to_device
 from trainer.config import TrainConfig
-from trainer.data import BatchPlan, largest_divisor_plan
+from trainer.data import BatchPlan, largest_divisor_plan, sized_len, take_samples
+from trainer.optim import build_optimizer
 from trainer.precision import make_amp
 
 log = logging.getLogger(__name__)
@@ -79,18 +92,24 @@ def grow_then_bisect(fits: Callable[[int], bool], cap: int, start: int = 1) -> S
     return result
 
 
-def sample_batch(dataset: Any, size: int, device: torch.device, channels_last: bool) -> tuple[Any, Any]:
-    """``size`` real samples (cycling through the data if it is smaller), stacked and on ``device``."""
-    indices = [i % len(dataset) for i in range(size)]
-    if hasattr(dataset, "tensors"):
-        index = torch.as_tensor(indices)
-        inputs, targets = (t[index] for t in dataset.tensors[:2])
+def sample_batch(
+    dataset: Any,
+    size: int,
+    device: torch.device,
+    channels_last: bool,
+    collate: Callable[[list[Any]], Any] | None = None,
+) -> Any:
+    """``size`` real samples (cycling through smaller data), collated as in training, on ``device``.
+
+    It keeps the batch's structure (a tuple, a dict of tensors...): the objective decides what goes
+    into the model (:class:`trainer.batches.Objective`).
+    """
+    if collate is None and isinstance(dataset, TensorDataset):
+        index = torch.as_tensor([i % len(dataset) for i in range(size)])
+        batch: Any = tuple(t[index] for t in dataset.tensors)
     else:
-        inputs, targets = torch.utils.data.default_collate([dataset[i] for i in indices])[:2]
-    inputs = inputs.to(device)
-    if channels_last and inputs.dim() == 4:
-        inputs = inputs.contiguous(memory_format=torch.channels_last)
-    return inputs, targets.to(device)
+        batch = (collate or default_collate)(take_samples(dataset, size))
+    return to_device(batch, device, channels_last)
 
 
 def free_memory(device: torch.device, collect: bool = True) -> None:
@@ -107,23 +126,25 @@ class StepTrial:
     def __init__(
         self,
         model: nn.Module,
-        loss_fn: Callable[..., torch.Tensor],
+        loss_fn: Objective,
         dataset: Any,
         device: torch.device,
         precision: str,
         channels_last: bool,
         lr: float,
+        optimizer: torch.optim.Optimizer | None = None,
     ) -> None:
         self.model, self.loss_fn, self.dataset, self.device = model, loss_fn, dataset, device
         self.channels_last = channels_last
         self.amp = make_amp(precision, device.type)
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+        # the run's own optimizer when given: its state (AdamW 8 B/param, SGD 0-4) is part of the peak
+        self.optimizer = optimizer if optimizer is not None else torch.optim.AdamW(model.parameters(), lr=lr)
         self.peak_bytes: dict[int, int] = {}
 
     def _step(self, size: int) -> None:
-        inputs, targets = sample_batch(self.dataset, size, self.device, self.channels_last)
+        batch = sample_batch(self.dataset, size, self.device, self.channels_last, self.loss_fn.collate)
         with self.amp.autocast():
-            loss = self.loss_fn(self.model(inputs), targets)
+            loss = self.loss_fn(self.model, batch).loss
         self.amp.scaler.scale(loss).backward()
         self.amp.scaler.step(self.optimizer)
         self.amp.scaler.update()
@@ -154,7 +175,12 @@ class StepTrial:
 
 @dataclass
 class BatchResult:
-    """What find-batch reports: the limit, the plan that reaches the effective batch, how it was found."""
+    """What find-batch reports: the limit, the plan that reaches the effective batch, how it was found.
+
+    ``max_micro_batch`` is the largest micro-batch that fit (or the cap, when nothing failed);
+    ``usable_micro_batch`` is what the plan may use: ``find_batch_margin`` below it when memory was
+    the limit (``limited_by: memory``), the same when the cap was (``limited_by: cap``).
+    """
 
     max_micro_batch: int
     plan: dict[str, int]
@@ -163,6 +189,10 @@ class BatchResult:
     cache_key: str
     device: str
     precision: str
+    usable_micro_batch: int = 0
+    margin: float = 0.0
+    limited_by: str = "cap"
+    cap: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -172,12 +202,71 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
+def _source_file(cls: type) -> str | None:
+    try:
+        return inspect.getsourcefile(cls)
+    except TypeError:  # a class defined in C, or in a REPL
+        return None
+
+
+def model_fingerprint(model_fn: Callable[[], nn.Module]) -> str:
+    """The model's code and shape: its classes' source files (torch's own left out) and parameter shapes.
+
+    Built on the meta device: no memory, no compute, no draw from the random generators. A factory
+    that cannot build there is fingerprinted by the classes it could not build: nothing (the key then
+    still holds the model's import path and arguments).
+    """
+    digest = hashlib.sha256()
+    torch_root = os.path.dirname(torch.__file__)
+    try:
+        with torch.device("meta"):
+            model = model_fn()
+    except Exception as exc:
+        log.info("find-batch: the model does not build on the meta device (%s); keyed on its path", exc)
+        return "unbuildable"
+    files: set[str] = set()
+    for module in model.modules():
+        for cls in type(module).__mro__:
+            path = _source_file(cls) if cls.__module__ in sys.modules else None
+            if path and not path.startswith(torch_root):
+                files.add(path)
+    for path in sorted(files):
+        digest.update(path.encode())
+        try:
+            digest.update(Path(path).read_bytes())
+        except OSError:
+            continue
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype};".encode())
+    return digest.hexdigest()[:16]
+
+
+def search_cap(config: TrainConfig, dataset_length: int, world: int) -> int:
+    """The largest micro-batch worth trying: ``max_batch_size``, the data, and an epoch of enough steps.
+
+    Without an ``effective_batch_size`` the micro-batch *is* the global batch (per process), so it
+    is also held to ``dataset_length / (world x min_steps_per_epoch)``.
+    """
+    per_rank = dataset_length // world
+    if config.effective_batch_size is None:
+        per_rank = dataset_length // (world * config.min_steps_per_epoch)
+    return max(1, min(config.max_batch_size, per_rank))
+
+
 def cache_key(
-    config: TrainConfig, device: torch.device, precision: str, channels_last: bool, world: int
+    config: TrainConfig,
+    device: torch.device,
+    precision: str,
+    channels_last: bool,
+    world: int,
+    model_code: str = "",
+    cap: int = 0,
 ) -> str:
-    """Identity of a search: model, data shape, device, dtype, layout, cap, world size, torch version."""
+    """Identity of a search: model (path, arguments, code), data, device, dtype, layout, cap, world, torch."""
     ident = {
         "model": config.model,
+        "model_code": model_code,
+        "cap": cap,
         "model_args": config.model_args,
         "data": config.data,
         "data_args": config.data_args,
@@ -198,12 +287,15 @@ def _cache_file(config: TrainConfig) -> Path:
     return Path(os.path.expanduser(config.cache_dir)) / "find_batch.json"
 
 
-def read_cache(config: TrainConfig, key: str) -> int | None:
+def read_cache(config: TrainConfig, key: str) -> tuple[int, bool] | None:
+    """(largest micro-batch that fit, whether memory was the limit) for ``key``, if cached."""
     try:
         value = json.loads(_cache_file(config).read_text()).get(key)
     except (OSError, ValueError):
         return None
-    return int(value["max_micro_batch"]) if isinstance(value, dict) and "max_micro_batch" in value else None
+    if not (isinstance(value, dict) and "max_micro_batch" in value):
+        return None
+    return int(value["max_micro_batch"]), value.get("limited_by") == "memory"
 
 
 def write_cache(config: TrainConfig, key: str, result: dict[str, Any]) -> None:
@@ -226,36 +318,45 @@ def find_batch(
     config: TrainConfig,
     world: distributed.World,
     model_fn: Callable[[], nn.Module],
-    loss_fn: Callable[..., torch.Tensor],
+    loss_fn: Objective,
     train_data: Any,
     precision: str,
     channels_last: bool,
     use_cache: bool = True,
 ) -> BatchResult:
     """Search (or recall) the largest micro-batch, agree on the minimum over ranks, plan accumulation."""
-    key = cache_key(config, world.device, precision, channels_last, world.size)
-    cap = max(1, min(config.max_batch_size, len(train_data) // world.size))
+    length = sized_len(train_data)  # None for a stream: only max_batch_size caps the search
+    cap = search_cap(config, length, world.size) if length is not None else config.max_batch_size
+    code = model_fingerprint(model_fn)
+    key = cache_key(config, world.device, precision, channels_last, world.size, code, cap)
     cached = read_cache(config, key) if use_cache else None
     trials: list[tuple[int, bool]] = []
     if cached is not None:
-        local_best = cached
+        local_best, local_oom = cached
     else:
         with torch.random.fork_rng(devices=[world.device] if world.device.type == "cuda" else []):
             model = model_fn().to(world.device)
             if channels_last:
                 model = model.to(memory_format=torch.channels_last)
-            trial = StepTrial(model, loss_fn, train_data, world.device, precision, channels_last, config.lr)
+            optimizer = build_optimizer(config, model, world.device)
+            trial = StepTrial(
+                model, loss_fn, train_data, world.device, precision, channels_last, config.lr, optimizer
+            )
             search = grow_then_bisect(trial, cap)
-            del trial, model
+            del trial, model, optimizer
             free_memory(world.device)
         local_best, trials = search.best, search.trials
+        local_oom = any(not ok for _, ok in trials)
     best = distributed.agree_min_int(world, local_best)
+    memory_limited = distributed.agree_max(world, [float(local_oom)])[0] > 0
     if best < 1:
         raise RuntimeError(
             "find-batch: not even a micro-batch of 1 fits in device memory (use a smaller model, "
             "precision bf16/fp16, or a larger GPU)"
         )
-    plan: BatchPlan = largest_divisor_plan(best, config.effective_batch_size, world.size)
+    margin = config.find_batch_margin if memory_limited else 0.0
+    usable = max(1, int(best * (1.0 - margin)))
+    plan: BatchPlan = largest_divisor_plan(usable, config.effective_batch_size, world.size)
     result = BatchResult(
         max_micro_batch=best,
         plan={
@@ -269,9 +370,23 @@ def find_batch(
         cache_key=key,
         device=device_name(world.device),
         precision=precision,
+        usable_micro_batch=usable,
+        margin=margin,
+        limited_by="memory" if memory_limited else "cap",
+        cap=cap,
     )
     if cached is None and world.local_rank == 0:
-        write_cache(config, key, {"max_micro_batch": best, "device": result.device, "precision": precision})
+        write_cache(
+            config,
+            key,
+            {
+                "max_micro_batch": best,
+                "limited_by": result.limited_by,
+                "device": result.device,
+                "precision": precision,
+                "model": config.model,
+            },
+        )
     return result
 
 
@@ -283,7 +398,12 @@ def format_result(result: BatchResult) -> str:
         [
             f"device            {result.device} ({result.precision})",
             f"largest micro-batch that fits   {result.max_micro_batch}"
-            + ("   [from cache]" if result.from_cache else ""),
+            + ("   [from cache]" if result.from_cache else "")
+            + (
+                f" (limited by memory; {result.margin:.0%} margin: use {result.usable_micro_batch})"
+                if result.limited_by == "memory"
+                else f" (limited by the cap {result.cap}: max_batch_size, data size, min_steps_per_epoch)"
+            ),
             f"trials            {tried}",
             f"plan              micro-batch {plan['micro_batch']} x accumulation {plan['accum_steps']} "
             f"x {plan['world_size']} process(es) = global batch {plan['global_batch']}",

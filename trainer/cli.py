@@ -1,8 +1,10 @@
 """Command line: ``python -m trainer {train,find-batch,estimate,benchmark,report}``.
 
-Exit codes are part of the contract with systemd (the trainer_run role): 0 completed, 3 stopped by
-SIGTERM after a clean checkpoint (restart to resume), 2 bad config (restarting cannot help),
-1 any other failure.
+Exit codes are the contract with systemd (the trainer_run role), defined once in
+:mod:`trainer.exit_codes`: 0 completed, 3 stopped by SIGTERM after a clean checkpoint (restart to
+resume), 1 a failure a restart may fix; every code in ``exit_codes.NO_RESTART`` (bad config, an
+error in the user's code or data, no valid checkpoint, a full disk) means a restart would fail the
+same way. :mod:`trainer.errors` decides which one an exception gets.
 """
 
 from __future__ import annotations
@@ -14,9 +16,7 @@ import os
 import sys
 from typing import Any
 
-from trainer.config import ConfigError
-
-EXIT_COMPLETED, EXIT_FAILED, EXIT_BAD_CONFIG, EXIT_PREEMPTED = 0, 1, 2, 3
+from trainer.exit_codes import COMPLETED
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -78,22 +78,23 @@ def _run(args: argparse.Namespace) -> int:
 
         summary = render(args.run)
         print(json.dumps(summary, indent=2, default=str))
-        return EXIT_COMPLETED
+        return COMPLETED
     if args.command == "benchmark":
         from trainer.benchmark import format_table, run_benchmark
 
         sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
         rows = run_benchmark(sizes, args.repeats)
         _print({"rows": rows}, args.json, format_table(rows))
-        return EXIT_COMPLETED
+        return COMPLETED
 
     from trainer.config import load
 
     config = load(args.config, args.overrides)
     if args.command == "train":
+        from trainer.metrics import process_started_monotonic
         from trainer.train import train
 
-        result = train(config, args.out)
+        result = train(config, args.out, started_at=process_started_monotonic())
         if result.summary:
             print(
                 json.dumps(
@@ -136,7 +137,7 @@ def _run(args: argparse.Namespace) -> int:
             raise
         teardown(rt.world)
         _print(result.to_dict(), args.json, format_result(result))
-        return EXIT_COMPLETED
+        return COMPLETED
     if args.command == "estimate":
         from trainer.estimate import estimate, format_estimate
         from trainer.runtime import prepare
@@ -144,7 +145,7 @@ def _run(args: argparse.Namespace) -> int:
         rt = prepare(config)
         report = estimate(rt, args.memory_gb)
         _print(report, args.json, format_estimate(report))
-        return EXIT_COMPLETED
+        return COMPLETED
     raise AssertionError(args.command)
 
 
@@ -153,9 +154,13 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging()
     try:
         return _run(args)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
-    except Exception:
-        logging.getLogger("trainer").exception("failed")
-        return EXIT_FAILED
+    except Exception as exc:
+        from trainer import errors, exit_codes
+
+        code = errors.exit_code_for(exc)
+        if code == exit_codes.USER_ERROR:  # the traceback into the user's own code is what they need
+            logging.getLogger("trainer").error("the user's code raised", exc_info=exc.__cause__ or exc)
+        elif code == exit_codes.FAILED:
+            logging.getLogger("trainer").error("failed", exc_info=exc)
+        print(errors.describe(exc), file=sys.stderr, flush=True)
+        return code

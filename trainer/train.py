@@ -10,6 +10,7 @@ GPU except at log steps.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -26,20 +27,29 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import trainer
-from trainer import distributed, metrics
-from trainer.batch_finder import find_batch
-from trainer.checkpoint import CheckpointManager, rng_state, set_rng_state
-from trainer.config import ConfigError, TrainConfig, dump
-from trainer.data import ResumableSampler, epoch_iterator, make_loader, plan_batches
+from trainer import distributed, exit_codes, metrics
+from trainer import resume as resume_rules
+from trainer.batch_finder import find_batch, free_memory, is_oom, model_fingerprint
+from trainer.batches import correct_count, to_device
+from trainer.checkpoint import CheckpointManager, NoValidCheckpoint, rng_state, set_rng_state
+from trainer.config import ConfigError, TrainConfig, dump, field_docs
+from trainer.data import (
+    epoch_iterator,
+    eval_batches,
+    largest_divisor_plan,
+    make_loader,
+    make_position,
+    plan_batches,
+    sized_len,
+)
+from trainer.errors import UserCodeError
 from trainer.hardware import peak_flops
+from trainer.optim import Schedule, build_optimizer
 from trainer.precision import make_amp
 from trainer.preemption import StopRequest
 from trainer.runtime import Runtime, compile_cache_dir, prepare
-from trainer.schedule import lr_at
 
 log = logging.getLogger(__name__)
-
-EXIT_COMPLETED, EXIT_FAILED, EXIT_BAD_CONFIG, EXIT_PREEMPTED = 0, 1, 2, 3
 
 
 @dataclass
@@ -58,41 +68,54 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def to_device(batch: Any, device: torch.device, channels_last: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    inputs, targets = batch[0], batch[1]
-    inputs = inputs.to(device, non_blocking=True)
-    if channels_last and inputs.dim() == 4:
-        inputs = inputs.contiguous(memory_format=torch.channels_last)
-    return inputs, targets.to(device, non_blocking=True)
+def stop_check(world: distributed.World, request: StopRequest) -> Callable[[], bool]:
+    """Whether any rank was asked to stop: a flag read alone, or agreed by all ranks (one tiny collective)."""
+    if not world.distributed:
+        return lambda: request.requested
+    return lambda: distributed.agree_max(world, [float(request.requested)])[0] > 0
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, rt: Runtime, batch_size: int) -> dict[str, float]:
-    """Mean loss and (for class logits) accuracy on the eval set, sharded over ranks then summed."""
+def evaluate(
+    model: nn.Module, rt: Runtime, batch_size: int, should_stop: Callable[[], bool] | None = None
+) -> dict[str, float] | None:
+    """Mean loss and (for class logits) accuracy on the eval set, sharded over ranks then summed.
+
+    Returns None when ``should_stop`` says so before a batch: a SIGTERM during a long evaluation
+    must not eat Spot's 30 s notice (measured before: 4.25 s with 100k samples), so the evaluation is
+    abandoned and the run saves at once. Every rank checks at the same batch count (the most any
+    rank has), so under DDP they all abandon together.
+    """
     data, world = rt.eval_data, rt.world
-    if data is None or len(data) == 0:
+    length = None if data is None else sized_len(data)
+    if data is None or length == 0:
         return {}
     amp = make_amp(rt.precision, world.device.type)
-    indices = list(range(world.rank, len(data), world.size))
     loss_sum, correct, count, classify = 0.0, 0.0, 0.0, True
     model.eval()
-    for first in range(0, len(indices), batch_size):
-        chunk = indices[first : first + batch_size]
-        if hasattr(data, "tensors"):
-            index = torch.as_tensor(chunk)
-            batch = tuple(t[index] for t in data.tensors)
-        else:
-            batch = torch.utils.data.default_collate([data[i] for i in chunk])
-        inputs, targets = to_device(batch, world.device, rt.channels_last)
+    batches = eval_batches(data, batch_size, world.rank, world.size, rt.loss_fn.collate)
+    # a sized set: as many checks on every rank as the first rank has batches; a stream's batch count
+    # differs between ranks, so under DDP it is not checked per batch (only alone)
+    slots = range(0, -(-length // world.size), batch_size) if length is not None else itertools.count()
+    check_each = should_stop is not None and (length is not None or not world.distributed)
+    for _slot in slots:
+        if check_each and should_stop():
+            model.train()
+            return None
+        batch = next(batches, None)
+        if batch is None:  # this rank has fewer samples than the first rank: only the check above
+            if length is None:
+                break
+            continue
         with amp.autocast():
-            out = model(inputs)
-            loss = rt.loss_fn(out, targets)
-        loss_sum += float(loss) * len(chunk)
-        count += len(chunk)
-        if out.dim() == 2 and not targets.is_floating_point():
-            correct += float((out.argmax(dim=1) == targets).sum())
-        else:
+            scored = rt.loss_fn(model, to_device(batch, world.device, rt.channels_last))
+        loss_sum += float(scored.loss) * scored.size
+        count += scored.size
+        hits = correct_count(scored.logits, scored.targets)
+        if hits is None:
             classify = False
+        else:
+            correct += float(hits)
     model.train()
     loss_sum, correct, count = distributed.sum_over_ranks(world, [loss_sum, correct, count])
     result = {"eval_loss": loss_sum / max(count, 1.0)}
@@ -111,10 +134,12 @@ def flops_per_sample(
 
     try:
         with torch.random.fork_rng(devices=[rt.world.device] if rt.world.device.type == "cuda" else []):
-            inputs, targets = sample_batch(rt.train_data, micro_batch, rt.world.device, rt.channels_last)
+            batch = sample_batch(
+                rt.train_data, micro_batch, rt.world.device, rt.channels_last, rt.loss_fn.collate
+            )
             counter = FlopCounterMode(display=False)
             with counter, make_amp(rt.precision, rt.world.device.type).autocast():
-                loss_fn(model(inputs), targets).backward()
+                loss_fn(model, batch).loss.backward()
         model.zero_grad(set_to_none=True)
         return counter.get_total_flops() / micro_batch
     except Exception as exc:  # counting is insight, not a reason to fail a run
@@ -156,18 +181,27 @@ def train(
     config: TrainConfig,
     out_dir: str | os.PathLike[str] | None = None,
     on_step: Callable[[int], None] | None = None,
+    started_at: float | None = None,
 ) -> RunResult:
-    """Train (or resume) the run in ``out_dir``; return its summary. Raises ConfigError on bad input."""
+    """Train (or resume) the run in ``out_dir``; return its summary. Raises ConfigError on bad input.
+
+    ``started_at`` (``time.monotonic`` scale) is when this session began costing money; default:
+    now. The command line passes the process's start, so cost counts imports and setup too.
+    Other errors are classified by :func:`trainer.errors.exit_code_for` (user code, a full disk,
+    no valid checkpoint: each its own exit code).
+    """
+    started = time.monotonic() if started_at is None else started_at
     out = Path(os.path.expanduser(str(out_dir if out_dir is not None else config.out_dir))).resolve()
     rt = prepare(config)
     ended_well = False
     try:
-        result = _train(rt, out, on_step)
+        result = _train(rt, out, on_step, started)
         ended_well = True
         return result
     except Exception as exc:
         if rt.world.is_main and out.is_dir() and not isinstance(exc, ConfigError):
-            record_failure(out, exc)
+            with contextlib.suppress(OSError):  # a full disk cannot take the note either
+                record_failure(out, exc)
         raise
     finally:
         distributed.teardown(rt.world if ended_well else None)
@@ -181,16 +215,26 @@ def record_failure(out: Path, exc: BaseException) -> None:
     summary: dict[str, Any] = {}
     with contextlib.suppress(OSError, ValueError):
         summary = json.loads(summary_path.read_text())
-    summary.update({"status": "failed", "error": f"{type(exc).__name__}: {exc}", "time": time.time()})
+    from trainer.errors import exit_code_for
+
+    summary.update(
+        {
+            "status": "failed",
+            "error": f"{type(exc).__name__}: {exc}",
+            "exit_code": exit_code_for(exc),
+            "time": time.time(),
+        }
+    )
     write_summary(out, summary)
     events = metrics.JsonLines(out / "events.jsonl")
     events.write({"event": "fail", "time": time.time(), "error": f"{type(exc).__name__}: {exc}"})
     events.close()
 
 
-def _train(rt: Runtime, out: Path, on_step: Callable[[int], None] | None) -> RunResult:
+def _train(rt: Runtime, out: Path, on_step: Callable[[int], None] | None, started: float) -> RunResult:
     config, world, device = rt.config, rt.world, rt.world.device
     main = world.is_main
+    collate = rt.loss_fn.collate  # the user's collate_fn (None: torch's default)
     if main:
         out.mkdir(parents=True, exist_ok=True)
     if config.compile:
@@ -199,10 +243,11 @@ def _train(rt: Runtime, out: Path, on_step: Callable[[int], None] | None) -> Run
 
     # -- batch plan: fixed, or found by trial on a throwaway model (its RNG use is forked away)
     try:
-        if config.effective_batch_size and config.effective_batch_size > len(rt.train_data):
+        n_train = sized_len(rt.train_data)  # None for a stream
+        if config.effective_batch_size and n_train is not None and config.effective_batch_size > n_train:
             raise ValueError(
                 f"batch: the global batch {config.effective_batch_size} is larger than the "
-                f"{len(rt.train_data)} training samples (lower effective_batch_size)"
+                f"{n_train} training samples (lower effective_batch_size)"
             )
         if config.batch_size == "auto":
             found = find_batch(
@@ -212,12 +257,12 @@ def _train(rt: Runtime, out: Path, on_step: Callable[[int], None] | None) -> Run
         else:
             found = None
             plan = plan_batches(int(config.batch_size), config.effective_batch_size, world.size)
-        sampler = ResumableSampler(len(rt.train_data), plan, world.rank, config.seed)
+        sampler = make_position(rt.train_data, plan, world.rank, config.seed)
     except ValueError as exc:  # an impossible batch for this world size / dataset: the user's to fix
         raise ConfigError([str(exc)]) from None
     steps_per_epoch = sampler.steps_per_epoch
     total_steps = config.epochs * steps_per_epoch if config.epochs else config.steps
-    loader, loader_gen = make_loader(rt.train_data, sampler, rt.num_workers, rt.pin_memory)
+    loader, loader_gen = make_loader(rt.train_data, sampler, rt.num_workers, rt.pin_memory, collate)
 
     # -- model, optimizer, precision
     raw_model = rt.model_fn().to(device)
@@ -231,13 +276,8 @@ def _train(rt: Runtime, out: Path, on_step: Callable[[int], None] | None) -> Run
         model = torch.compile(model)
     if world.distributed:
         model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    optimizer = torch.optim.AdamW(
-        raw_model.parameters(),
-        lr=config.lr,
-        betas=config.betas,
-        weight_decay=config.weight_decay,
-        fused=device.type == "cuda",
-    )
+    optimizer = build_optimizer(config, raw_model, device)
+    schedule = Schedule(config, optimizer, total_steps)  # before a resume loads the optimizer's LRs
     amp = make_amp(rt.precision, device.type)
     resolved = config.model_copy(
         update={
@@ -256,22 +296,56 @@ def _train(rt: Runtime, out: Path, on_step: Callable[[int], None] | None) -> Run
     ckpts = CheckpointManager(out / "checkpoints", keep=config.keep_checkpoints)
     state: dict[str, Any] | None = None
     skipped: list[str] = []
+    resumed_file, no_valid = "", None
     if main:
         for stale in ckpts.remove_stale_temporaries():
             log.warning("removed a checkpoint a killed writer left half-written: %s", stale.name)
-        found_ckpt = ckpts.load_latest()
+        try:
+            found_ckpt = ckpts.load_for_resume(config.allow_fresh_start)
+        except NoValidCheckpoint as exc:  # every rank must hear it, or the others wait in broadcast
+            found_ckpt, no_valid = None, str(exc)
         if found_ckpt is not None:
-            state = found_ckpt.state
+            state, resumed_file = found_ckpt.state, found_ckpt.path.name
             skipped = [p.name for p in found_ckpt.skipped]
-            log.info("resuming from %s", found_ckpt.path.name)
+            log.info("resuming from %s", resumed_file)
+        else:
+            skipped = [p.name for p in ckpts.corrupt()]
     if world.distributed:
-        box = [state]
+        box = [(state, no_valid, resumed_file)]
         torch.distributed.broadcast_object_list(box, src=0)
-        state = box[0]
+        state, no_valid, resumed_file = box[0]
+    if no_valid is not None:
+        raise NoValidCheckpoint(no_valid)
+    model_code = model_fingerprint(rt.model_fn)
+    config_changes: list[str] = []
+    oom_fallbacks: list[dict[str, int]] = []
     step, epoch, step_in_epoch, carried_wall = 0, 0, 0, 0.0
     if state is not None:
-        raw_model.load_state_dict(state["model"])
+        oom_micro = int(state.get("oom_micro_batch", 0))
+        if 0 < oom_micro < plan.micro_batch and int(state.get("global_batch", 0)) == plan.global_batch:
+            # an OOM lowered the micro-batch in an earlier session: starting high again would OOM again
+            plan = largest_divisor_plan(oom_micro, plan.global_batch, world.size)
+            sampler = make_position(rt.train_data, plan, world.rank, config.seed)
+            loader, loader_gen = make_loader(rt.train_data, sampler, rt.num_workers, rt.pin_memory, collate)
+            resolved = resolved.model_copy(update={"batch_size": plan.micro_batch})
+            oom_fallbacks = list(state.get("oom_fallbacks", []))
+            log.info("keeping micro-batch %d x %d, lowered after an OOM", plan.micro_batch, plan.accum_steps)
+        changes = resume_rules.compare(
+            state.get("config", {}), resolved.to_dict(), {k: d for k, (d, _) in field_docs().items()}
+        )
+        if changes.refused and not config.allow_config_change:
+            raise ConfigError(resume_rules.refusal(changes, resumed_file, str(out)))
+        config_changes = changes.allowed + [f"{c} (allowed by allow_config_change)" for c in changes.refused]
+        if state.get("model_code") not in (None, model_code):
+            config_changes.append("the model's code changed (its parameters still match the checkpoint)")
+        for change in config_changes:
+            log.warning("resuming with a change since %s: %s", resumed_file, change)
+        try:
+            raw_model.load_state_dict(state["model"])
+        except RuntimeError as exc:  # missing, unexpected or resized parameters
+            raise ConfigError(resume_rules.model_mismatch(exc, resumed_file)) from None
         optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state.get("scheduler"))
         amp.scaler.load_state_dict(state["scaler"])
         step, epoch, step_in_epoch = int(state["step"]), int(state["epoch"]), int(state["step_in_epoch"])
         carried_wall = float(state.get("wall_s", 0.0))
@@ -281,7 +355,7 @@ def _train(rt: Runtime, out: Path, on_step: Callable[[int], None] | None) -> Run
                 state.get("global_batch"),
                 plan.global_batch,
             )
-        if step_in_epoch >= steps_per_epoch:  # fewer, larger steps per epoch now: start the next epoch
+        if steps_per_epoch is not None and step_in_epoch >= steps_per_epoch:  # fewer, larger steps now
             epoch, step_in_epoch = epoch + 1, 0
 
     # -- run files (rank 0 only): resolved config, metrics (redone steps dropped), events.
@@ -323,12 +397,13 @@ def _train(rt: Runtime, out: Path, on_step: Callable[[int], None] | None) -> Run
             lost_steps=lost_steps,
             skipped_checkpoints=skipped,
             world_size=world.size,
+            config_changes=config_changes,
         )
     resumed_from = step if restarted else None
     if main:
         log.info(
             "training %s: %s parameters, %s on %s x%d, micro-batch %d x accumulation %d x %d processes = "
-            "global batch %d, %d steps (%d per epoch), start at step %d",
+            "global batch %d, %d steps (%s per epoch), start at step %d",
             config.model,
             f"{n_params:,}",
             rt.precision,
@@ -346,6 +421,7 @@ def _train(rt: Runtime, out: Path, on_step: Callable[[int], None] | None) -> Run
     def save_checkpoint(reason: str) -> None:
         rngs = distributed.gather_objects(world, rng_state())
         if main:
+            write_start = time.monotonic()
             path = ckpts.save(
                 {
                     "step": step,
@@ -354,23 +430,27 @@ def _train(rt: Runtime, out: Path, on_step: Callable[[int], None] | None) -> Run
                     "model": raw_model.state_dict(),
                     "optimizer": optimizer.state_dict(),
                     "scaler": amp.scaler.state_dict(),
+                    "scheduler": schedule.state_dict(),
                     "rng": rngs,
                     "config": resolved.to_dict(),
                     "global_batch": plan.global_batch,
                     "world_size": world.size,
                     "wall_s": clock.total_s(),
+                    "model_code": model_code,
+                    "oom_micro_batch": plan.micro_batch if oom_fallbacks else 0,
+                    "oom_fallbacks": oom_fallbacks,
                     "torch_version": str(torch.__version__),
                     "trainer_version": trainer.__version__,
                 },
                 step,
             )
-            event("checkpoint", reason=reason, path=path.name)
+            write_s = round(time.monotonic() - write_start, 4)
+            event("checkpoint", reason=reason, path=path.name, write_s=write_s)
 
     # -- the loop
-    clock = metrics.Clock(carried_wall)
+    clock = metrics.Clock(carried_wall, start=started)
     ddp = isinstance(model, DistributedDataParallel)
     params = [p for p in raw_model.parameters() if p.requires_grad]
-    sched = config.lr_schedule
     status, last_saved, last_ckpt_time = "completed", -1, time.monotonic()
     loop_start, loop_start_step = time.monotonic(), step
     window_start, window_step, data_wait = time.perf_counter(), step, 0.0
@@ -385,34 +465,68 @@ def _train(rt: Runtime, out: Path, on_step: Callable[[int], None] | None) -> Run
             if iterator is None:
                 iterator = epoch_iterator(loader, loader_gen, config.seed, epoch, step_in_epoch)
             loss_acc: torch.Tensor | float = 0.0
-            for micro in range(plan.accum_steps):
-                wait_start = time.perf_counter()
-                batch = next(iterator)
-                data_wait += time.perf_counter() - wait_start
-                inputs, targets = to_device(batch, device, rt.channels_last)
-                sync = model.no_sync() if ddp and micro < plan.accum_steps - 1 else contextlib.nullcontext()
-                with sync:
-                    with amp.autocast():
-                        loss = rt.loss_fn(model(inputs), targets)
-                        if plan.accum_steps > 1:
-                            loss = loss / plan.accum_steps
-                    amp.scaler.scale(loss).backward()
-                loss_acc = loss.detach() if micro == 0 else loss_acc + loss.detach()
-            lr = lr_at(
-                step,
-                lr=config.lr,
-                total_steps=total_steps,
-                warmup_steps=sched.warmup_steps,
-                min_lr=sched.min_lr,
-                cosine=sched.cosine,
-            )
-            for group in optimizer.param_groups:
-                group["lr"] = lr
+            out_of_memory = False
+            try:
+                for micro in range(plan.accum_steps):
+                    wait_start = time.perf_counter()
+                    batch = next(iterator, None)
+                    if batch is None:  # a stream's pass ended (always between steps): start the next pass
+                        epoch, step_in_epoch = epoch + 1, 0
+                        iterator = epoch_iterator(loader, loader_gen, config.seed, epoch, 0)
+                        batch = next(iterator, None)
+                        if batch is None:
+                            raise UserCodeError(
+                                f"data: {config.data} yielded less than one global batch "
+                                f"({plan.global_batch} samples) in a pass"
+                            )
+                    data_wait += time.perf_counter() - wait_start
+                    batch = to_device(batch, device, rt.channels_last)
+                    last_micro = micro == plan.accum_steps - 1
+                    sync = model.no_sync() if ddp and not last_micro else contextlib.nullcontext()
+                    with sync:
+                        with amp.autocast():
+                            loss = rt.loss_fn(model, batch).loss
+                            if plan.accum_steps > 1:
+                                loss = loss / plan.accum_steps
+                        amp.scaler.scale(loss).backward()
+                    loss_acc = loss.detach() if micro == 0 else loss_acc + loss.detach()
+            except Exception as exc:  # only a single process can retry alone: DDP peers wait in backward
+                if not (is_oom(exc) and not world.distributed and plan.micro_batch > 1):
+                    raise
+                out_of_memory = True  # handled below, outside the except block that pins the tensors
+            if out_of_memory:
+                batch = loss = loss_acc = None
+                optimizer.zero_grad(set_to_none=True)
+                free_memory(device)
+                before = plan.micro_batch
+                plan = largest_divisor_plan(before - 1, plan.global_batch, world.size)
+                sampler = make_position(rt.train_data, plan, world.rank, config.seed)
+                loader, loader_gen = make_loader(
+                    rt.train_data, sampler, rt.num_workers, rt.pin_memory, collate
+                )
+                iterator = None  # the same step again, its samples split into smaller micro-batches
+                resolved = resolved.model_copy(update={"batch_size": plan.micro_batch})
+                oom_fallbacks.append({"step": step, "from": before, "to": plan.micro_batch})
+                log.warning(
+                    "out of memory at step %d with micro-batch %d: saving, then going on with %d x %d "
+                    "accumulation (global batch %d unchanged)",
+                    step,
+                    before,
+                    plan.micro_batch,
+                    plan.accum_steps,
+                    plan.global_batch,
+                )
+                event("oom", from_micro_batch=before, micro_batch=plan.micro_batch, accum=plan.accum_steps)
+                save_checkpoint("oom")
+                last_saved, last_ckpt_time = step, time.monotonic()
+                continue
+            lr = schedule.set_lr(step)
             if config.grad_clip > 0:
                 amp.scaler.unscale_(optimizer)
                 clip_gradients(params, config.grad_clip, device)
             amp.scaler.step(optimizer)
             amp.scaler.update()
+            schedule.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
             step_in_epoch += 1
@@ -467,9 +581,16 @@ def _train(rt: Runtime, out: Path, on_step: Callable[[int], None] | None) -> Run
                     )
                 window_start, window_step, data_wait = time.perf_counter(), step, 0.0
 
-            if config.eval_every_steps and step % config.eval_every_steps == 0 and not last_step:
-                eval_result = evaluate(model, rt, config.eval_batch_size or plan.micro_batch)
-                event("eval", **eval_result)
+            if config.eval_every_steps and step % config.eval_every_steps == 0 and not last_step and not stop:
+                evaluated = evaluate(
+                    model, rt, config.eval_batch_size or plan.micro_batch, stop_check(world, stop_request)
+                )
+                if evaluated is None:  # SIGTERM during the evaluation: save now, evaluate after the restart
+                    stop = True
+                    event("eval_abandoned")
+                else:
+                    eval_result = evaluated
+                    event("eval", **eval_result)
 
             every_steps = config.checkpoint_every_steps and step % config.checkpoint_every_steps == 0
             if timer_flag > 0 or epoch_save or every_steps or stop or last_step:
@@ -492,9 +613,18 @@ def _train(rt: Runtime, out: Path, on_step: Callable[[int], None] | None) -> Run
                 break
 
     loop_s = time.monotonic() - loop_start
-    if status == "completed":
-        eval_result = evaluate(model, rt, config.eval_batch_size or plan.micro_batch)
-        event("finish", **eval_result)
+    if status == "completed":  # the last step's checkpoint is on disk: a stop now only skips the evaluation
+        with StopRequest() as final_stop:
+            evaluated = evaluate(
+                model, rt, config.eval_batch_size or plan.micro_batch, stop_check(world, final_stop)
+            )
+        if evaluated is None:
+            status = "preempted"  # the restart finds the final checkpoint and evaluates
+            signal_name = final_stop.signal_name or "peer"
+            event("preempt", signal=signal_name, saved_step=last_saved, during="evaluation")
+        else:
+            eval_result = evaluated
+            event("finish", **eval_result)
     samples_per_s = (step - loop_start_step) * plan.global_batch / max(loop_s, 1e-9)
     summary: dict[str, Any] = {}
     if main:
@@ -527,6 +657,7 @@ def _train(rt: Runtime, out: Path, on_step: Callable[[int], None] | None) -> Run
             "accum_steps": plan.accum_steps,
             "global_batch": plan.global_batch,
             "flops_per_sample": fps,
+            "oom_fallbacks": oom_fallbacks,
             "time": time.time(),
         }
         if fps is not None:
@@ -540,5 +671,5 @@ def _train(rt: Runtime, out: Path, on_step: Callable[[int], None] | None) -> Run
                 render(out)
             except Exception as exc:  # plots are insight; a missing matplotlib must not fail a finished run
                 log.warning("plots not rendered (%s); `python -m trainer report --run DIR` draws them", exc)
-    code = EXIT_COMPLETED if status == "completed" else EXIT_PREEMPTED
+    code = exit_codes.COMPLETED if status == "completed" else exit_codes.PREEMPTED
     return RunResult(status=status, exit_code=code, out_dir=out, summary=summary)

@@ -10,7 +10,10 @@ micro-batch, so the answer is the minimum over ranks.
 
 Results are cached per model *code* (the source files of the model's classes and its parameter
 shapes, not only its import path: a model grown from 7.6k to 4.8M parameters once reused the old
-answer, which on a GPU means an OOM at start and a restart loop), config, device and dtype. The
+answer, which on a GPU means an OOM at start and a restart loop), config, device and dtype, and per
+optimizer (its state is part of the peak: AdamW holds 8 bytes a parameter, SGD without momentum
+none) and collate and loss (a collate decides what a batch holds, e.g. its padded length), each by
+name, arguments and the code of the user's own file. The
 plan keeps ``find_batch_margin`` below the largest batch that fit when memory was the limit
 (allocator fragmentation and longer batches later in a run need room). ``batch_size: auto`` never
 makes an epoch shorter than ``min_steps_per_epoch`` steps: on a CPU nothing runs out of memory, and
@@ -19,6 +22,7 @@ the digits demo once became full-batch training (1 step per epoch, 36 s instead 
 
 from __future__ import annotations
 
+import functools
 import gc
 import hashlib
 import inspect
@@ -39,6 +43,7 @@ from trainer import distributed
 from trainer.batches import Objective, to_device
 from trainer.config import TrainConfig
 from trainer.data import BatchPlan, largest_divisor_plan, sized_len, take_samples
+from trainer.imports import load_callable
 from trainer.optim import build_optimizer
 from trainer.precision import make_amp
 
@@ -209,33 +214,87 @@ def _source_file(cls: type) -> str | None:
         return None
 
 
-def model_fingerprint(model_fn: Callable[[], nn.Module]) -> str:
-    """The model's code and shape: its classes' source files (torch's own left out) and parameter shapes.
+def _user_files(classes: Any) -> set[str]:
+    """Source files of ``classes`` outside torch (torch's own code is keyed by its version)."""
+    torch_root = os.path.dirname(torch.__file__)
+    files: set[str] = set()
+    for cls in classes:
+        path = _source_file(cls) if getattr(cls, "__module__", None) in sys.modules else None
+        if path and not path.startswith(torch_root):
+            files.add(path)
+    return files
 
+
+def _hash_files(digest: Any, files: set[str]) -> None:
+    """The files' contents, not their paths: a project moved to another folder or host is the same code
+    (same cached batch, and a resume there does not report the model's code as changed)."""
+    contents: list[str] = []
+    for path in files:
+        try:
+            contents.append(hashlib.sha256(Path(path).read_bytes()).hexdigest())
+        except OSError:
+            continue
+    for content in sorted(contents):
+        digest.update(content.encode())
+
+
+def _code_of(obj: Any) -> list[Any]:
+    """What defines a callable: a function (unwrapped from ``functools.partial``) or a class and its bases."""
+    while hasattr(obj, "func") and callable(obj.func):  # functools.partial
+        obj = obj.func
+    if inspect.isclass(obj):
+        return list(obj.__mro__)
+    if inspect.isfunction(obj) or inspect.ismethod(obj):
+        return [obj]
+    return list(type(obj).__mro__)  # an instance: a collate or loss class built with its *_args
+
+
+def objective_fingerprint(config: TrainConfig, loss_fn: Objective) -> str:
+    """The code of the user's optimizer (when given by path), collate and loss (torch's own left out).
+
+    Their names and arguments are in :func:`cache_key` already; this catches an edited file at the
+    same path, as :func:`model_fingerprint` does for the model.
+    """
+    parts: list[Any] = []
+    if ":" in config.optimizer:  # a torch.optim name is torch's code, keyed by torch's version
+        parts += _code_of(load_callable(config.optimizer, "optimizer", config.project_dir))
+    for built in (loss_fn.collate, loss_fn.loss):
+        if built is not None:
+            parts += _code_of(built)
+    files = _user_files(parts)
+    if not files:
+        return ""
+    digest = hashlib.sha256()
+    _hash_files(digest, files)
+    return digest.hexdigest()[:16]
+
+
+def model_fingerprint(model_fn: Callable[[], nn.Module]) -> str:
+    """The model's code and shape: the source files of its factory and classes (torch's own left out),
+    the class of every submodule, and parameter shapes.
+
+    The factory's file and the submodule classes count because a factory function that assembles
+    torch's own layers (``nn.Sequential(..., nn.ReLU(), ...)``) has no class of the user's: an edit
+    that keeps every shape (ReLU to GELU, a Dropout added) changes memory and must not look unchanged.
     Built on the meta device: no memory, no compute, no draw from the random generators. A factory
     that cannot build there is fingerprinted by the classes it could not build: nothing (the key then
     still holds the model's import path and arguments).
     """
     digest = hashlib.sha256()
-    torch_root = os.path.dirname(torch.__file__)
     try:
         with torch.device("meta"):
             model = model_fn()
     except Exception as exc:
         log.info("find-batch: the model does not build on the meta device (%s); keyed on its path", exc)
         return "unbuildable"
-    files: set[str] = set()
-    for module in model.modules():
-        for cls in type(module).__mro__:
-            path = _source_file(cls) if cls.__module__ in sys.modules else None
-            if path and not path.startswith(torch_root):
-                files.add(path)
-    for path in sorted(files):
-        digest.update(path.encode())
-        try:
-            digest.update(Path(path).read_bytes())
-        except OSError:
-            continue
+    # runtime.prepare passes partial(build_model, factory, path, args): the factory is the user's code
+    factories = (
+        [a for a in model_fn.args if callable(a)] if isinstance(model_fn, functools.partial) else [model_fn]
+    )
+    classes = [cls for module in model.modules() for cls in type(module).__mro__]
+    _hash_files(digest, _user_files([c for f in factories for c in _code_of(f)] + classes))
+    for name, module in model.named_modules():
+        digest.update(f"{name}:{type(module).__module__}.{type(module).__qualname__};".encode())
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
         digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype};".encode())
     return digest.hexdigest()[:16]
@@ -261,8 +320,10 @@ def cache_key(
     world: int,
     model_code: str = "",
     cap: int = 0,
+    objective_code: str = "",
 ) -> str:
-    """Identity of a search: model (path, arguments, code), data, device, dtype, layout, cap, world, torch."""
+    """Identity of a search: model (path, arguments, code), data, optimizer, collate and loss (name,
+    arguments, code), device, dtype, layout, cap, world, torch."""
     ident = {
         "model": config.model,
         "model_code": model_code,
@@ -271,6 +332,15 @@ def cache_key(
         "data": config.data,
         "data_args": config.data_args,
         "loss": config.loss,
+        "loss_args": config.loss_args,
+        "label_key": config.label_key,
+        "collate": config.collate,
+        "collate_args": config.collate_args,
+        "optimizer": config.optimizer,
+        "optimizer_args": config.optimizer_args,
+        "weight_decay": config.weight_decay,
+        "betas": config.betas,
+        "objective_code": objective_code,
         "device": device_name(device),
         "precision": precision,
         "channels_last": channels_last,
@@ -328,7 +398,8 @@ def find_batch(
     length = sized_len(train_data)  # None for a stream: only max_batch_size caps the search
     cap = search_cap(config, length, world.size) if length is not None else config.max_batch_size
     code = model_fingerprint(model_fn)
-    key = cache_key(config, world.device, precision, channels_last, world.size, code, cap)
+    objective_code = objective_fingerprint(config, loss_fn)
+    key = cache_key(config, world.device, precision, channels_last, world.size, code, cap, objective_code)
     cached = read_cache(config, key) if use_cache else None
     trials: list[tuple[int, bool]] = []
     if cached is not None:

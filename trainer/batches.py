@@ -10,7 +10,11 @@ logits". Conventions, the same as torch's and Hugging Face's:
   takes ``**kwargs``); the target is ``batch[label_key]`` (default ``labels``, else ``label``), so a
   Hugging Face model that takes ``labels`` computes its own loss;
 - the output is a tensor (the logits), a dict/``ModelOutput`` (``loss``, ``logits``), an object with
-  ``.loss``/``.logits``, or a tuple whose first element is the logits.
+  ``.loss``/``.logits``, or a tuple. A tuple whose first element is a 0-dim tensor is
+  ``(loss, logits, ...)`` (Hugging Face's ``return_dict=False`` given labels); any other tuple is
+  ``(logits, ...)``. Why 0-dim: a loss reduced to one number has no dimensions, and logits always
+  have some (a class score per sample at least), so the rule never reads one as the other. A loss
+  left as shape ``(1,)`` is read as logits: reduce it (``.mean()``) or return a dict.
 
 ``loss: auto`` uses the model's own loss when its output has one, else cross-entropy on the logits
 (flattened over positions for token-level ``(B, T, C)`` logits, ignoring label -100). A named loss is
@@ -75,20 +79,37 @@ def forward_keys(model: nn.Module) -> frozenset[str] | None:
     return frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
 
+def leads_with_loss(output: Any) -> bool:
+    """Whether a tuple output is ``(loss, logits, ...)``: its first element is a 0-dim tensor."""
+    return (
+        isinstance(output, tuple | list)
+        and bool(output)
+        and isinstance(output[0], torch.Tensor)
+        and output[0].dim() == 0
+    )
+
+
 def output_loss(output: Any) -> torch.Tensor | None:
-    """The loss a model computed itself (``output["loss"]`` or ``output.loss``), if any."""
-    value = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
+    """The loss a model computed itself (``output["loss"]``, ``.loss``, a tuple's 0-dim first), if any."""
+    if isinstance(output, Mapping):
+        value = output.get("loss")
+    elif isinstance(output, tuple | list) and not hasattr(output, "loss"):
+        value = output[0] if leads_with_loss(output) else None
+    else:
+        value = getattr(output, "loss", None)
     return value if isinstance(value, torch.Tensor) else None
 
 
 def output_logits(output: Any) -> torch.Tensor | None:
-    """The prediction tensor in a model's output (the tensor itself, ``logits``, or a tuple's first)."""
+    """The prediction tensor in a model's output (the tensor itself, ``logits``, or a tuple's first
+    element, the second when the first is the loss)."""
     if isinstance(output, torch.Tensor):
         return output
     if isinstance(output, Mapping):
         value = output.get("logits")
-    elif isinstance(output, tuple | list) and output:
-        value = output[0]
+    elif isinstance(output, tuple | list) and not hasattr(output, "logits"):
+        first = 1 if leads_with_loss(output) else 0
+        value = output[first] if len(output) > first else None
     else:
         value = getattr(output, "logits", None)
     return value if isinstance(value, torch.Tensor) else None

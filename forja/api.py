@@ -3,8 +3,10 @@
     from forja.api import Forja
     f = Forja(project_dir="~/my-project", inventory="inventory/sandbox")
     f.up(); f.configure()
-    result = f.train("trainer/configs/digits.yaml")      # streams, waits, fetches
+    result = f.train("trainer/configs/digits.yaml")      # streams, follows to the end, fetches
     print(result.summary["final_loss"], result.artifact_dir)
+    run = f.train(script="train.py", args=["--lr", "3e-4"], wait=False)   # your own script, detached
+    f.follow(run.run_id)                                  # pick it up again: hours or days later
     f.down()
 
 Every method runs one of the repository's playbooks through `forja.runner` (real Ansible, no
@@ -17,8 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
+import math
+import os
 import queue
 import re
 import threading
@@ -29,17 +34,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from forja import errors
+from forja import errors, runstate
 from forja import events as ev
-from forja.history import History
+from forja.history import History, summary_fields
+from forja.inventory import InventoryHost
 from forja.runner import PlaybookRun, RunResult
 from forja.runner import run as run_playbook
 
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
-#: The status play's task whose stdout holds one JSON line per run (roles/trainer_run/tasks/status.yml).
-STATE_TASK = "Read the state of the training runs"
-#: Terminal statuses of a run, as the host reports them.
-FINAL = ("completed", "failed", "preempted", "stopped")
+#: Terminal statuses of a run, as the host reports them (their home is forja.runstate).
+FINAL = runstate.FINAL
+#: Seconds one follow playbook (playbooks/train_wait.yml) polls before the next one takes over.
+#: A window, not a limit: following goes on window after window until the run ends; the window
+#: only bounds what one playbook holds. FORJA_FOLLOW_WINDOW_S overrides it (tests use seconds).
+FOLLOW_WINDOW_S = 600
+#: Seconds between two looks at a run while following it (-e trainer_run_poll_s overrides it).
+POLL_S = 5
 
 
 @dataclass(frozen=True)
@@ -69,19 +79,65 @@ class TrainResult:
     hosts: list[str]
     summary: dict[str, Any]
     artifact_dir: Path | None
-    playbook_result: RunResult = field(repr=False)
+    playbook_result: RunResult | None = field(default=None, repr=False)
+    #: None when forja followed the run to its end; otherwise why it stopped following while the
+    #: run goes on: "detach" (asked not to wait), "timeout" (the caller's limit), "interrupted"
+    #: (Ctrl-C, KeyboardInterrupt or `cancel`). `follow()` picks the run up again.
+    detached: str | None = None
+
+
+def how_to_follow(run_id: str) -> str:
+    """What to tell a person whose command stopped following a run that goes on."""
+    return (f"follow it with `forja follow {run_id}` or `forja logs -f {run_id}`; "
+            f"stop it with `forja stop {run_id}`")
 
 
 @dataclass(frozen=True)
-class InventoryHost:
-    """How to reach one inventory host (what `forja tunnel` needs)."""
+class _RunPlan:
+    """What `train` sends: the role variables that say what to run, and what the history records."""
 
-    name: str
-    address: str
-    user: str | None
-    port: int
-    key_file: str | None
-    vars: dict[str, Any] = field(default_factory=dict, repr=False)
+    extravars: dict[str, Any]
+    record_path: Path
+    name_source: Path
+
+
+def _plan_run(
+    config: str | Path | None, script: str | Path | None, args: Sequence[str], project_dir: Path | None
+) -> _RunPlan:
+    """Check the config and the script before anything is sent; say what to fix when they are wrong."""
+    extravars: dict[str, Any] = {}
+    config_path: Path | None = None
+    if config is not None:
+        config_path = Path(config).expanduser().resolve()
+        if not config_path.is_file():
+            raise errors.ConfigError("config", f"{config} is not a file; give a trainer config YAML")
+        extravars["trainer_run_config"] = str(config_path)
+    if script is None:
+        if args:
+            raise errors.ConfigError("args", "arguments after -- are for your script; give it with --script")
+        if config_path is None:
+            raise errors.ConfigError("config", "give a trainer config YAML, or your own script with --script")
+        return _RunPlan(extravars, config_path, config_path)
+    if project_dir is None:
+        raise errors.ConfigError(
+            "script", f"{script} is sent with your project; give the project folder (--project)"
+        )
+    given = Path(script).expanduser()
+    path = (given if given.is_absolute() else project_dir / given).resolve()
+    try:
+        relative = path.relative_to(project_dir)
+    except ValueError:
+        raise errors.ConfigError(
+            "script", f"{script} is not inside the project {project_dir}; put it there or give --project"
+        ) from None
+    if not path.is_file():
+        raise errors.ConfigError(
+            "script",
+            f"{script} is not a file in the project {project_dir} (looked for {path}); give the path "
+            "of your script relative to the project folder (--project)",
+        )
+    extravars["trainer_run_command"] = [relative.as_posix(), *map(str, args)]
+    return _RunPlan(extravars, config_path or path, path)
 
 
 def _config_hash(path: Path) -> str:
@@ -108,6 +164,8 @@ class Forja:
         on_event: called with every typed event of every playbook (progress UIs).
         history: where runs are recorded; None is the default SQLite file (FORJA_HOME).
         send_project: send `project_dir` with the trainer (False sends only the trainer).
+        follow_window_s: seconds one follow playbook polls before the next takes over (not a
+            limit; None: FORJA_FOLLOW_WINDOW_S or FOLLOW_WINDOW_S).
     """
 
     def __init__(
@@ -122,6 +180,7 @@ class Forja:
         on_event: Callable[[ev.Event], None] | None = None,
         history: History | None = None,
         send_project: bool = True,
+        follow_window_s: int | None = None,
     ) -> None:
         self.project_dir = Path(project_dir).expanduser().resolve()
         if isinstance(inventory, str | Path):
@@ -137,6 +196,8 @@ class Forja:
         self.on_event = on_event
         self.history = history or History()
         self.send_project = send_project
+        window = follow_window_s or os.environ.get("FORJA_FOLLOW_WINDOW_S") or FOLLOW_WINDOW_S
+        self.follow_window_s = max(1, int(window))
         self._cancel = threading.Event()
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -176,7 +237,28 @@ class Forja:
             result = run_playbook(request, on_event=fan_out, cancel=cancelled)
         finally:
             self._cancel.clear()
+        self._raise_if_stopped(result)
         return result.raise_for_status() if check else result
+
+    def _raise_if_stopped(self, result: RunResult) -> None:
+        """A host that did not answer because its VM is stopped raises `HostStopped` (exit 6),
+        whatever `check` says: nothing ran there, and "start it" is the fix, not SSH debugging.
+
+        Only asked after a host was unreachable, so a healthy run pays nothing for it. If the
+        inventory cannot be read now, the plain "unreachable" error stands.
+        """
+        if not result.unreachable:
+            return
+        from forja import inventory
+
+        try:
+            known = {h.name: h for h in inventory.hosts(self.inventory, "all")}
+        except errors.ForjaError:
+            return
+        for outcome in result.unreachable:
+            host = known.get(outcome.host)
+            if host is not None and host.stopped:
+                raise inventory.stopped_error(host, task=outcome.task)
 
     def cancel(self) -> None:
         """Cancel the playbook this object is running (from another thread). A training unit
@@ -199,68 +281,76 @@ class Forja:
     # -- training ---------------------------------------------------------------------------
     def train(
         self,
-        config: str | Path,
+        config: str | Path | None = None,
         *,
+        script: str | Path | None = None,
+        args: Sequence[str] = (),
         project: str | Path | None = None,
         name: str | None = None,
         excludes: Sequence[str] = (),
         wait: bool = True,
         fetch: bool = True,
         checkpoints: bool = False,
-        wait_timeout_s: int = 3600,
-        poll_s: int = 5,
+        timeout_s: float | None = None,
+        poll_s: int | None = None,
+        procs: int | None = None,
         on_event: Callable[[ev.Event], None] | None = None,
         cancel: threading.Event | None = None,
         extravars: Mapping[str, Any] | None = None,
     ) -> TrainResult:
         """Send the trainer (and the project), start the run as a systemd unit, follow it, fetch results.
 
-        With `wait=False` it returns once the unit has started (status "running"); follow it with
-        `status()`, `logs()` and get results with `fetch()`.
+        `procs` is the number of processes per host (torchrun, DDP); None lets the role choose: one
+        per GPU, or trainer_run_cpu_procs on a host without one.
+
+        What runs: the built-in trainer on `config`, or your own `script` (a file inside the project,
+        run with `args`, e.g. `script="train.py", args=["--lr", "3e-4"]`; the run name then defaults
+        to the script's name). Both are checked before anything is sent.
+
+        Following (`follow()`) has no fixed limit: it lasts as long as the run, hours or days,
+        streaming progress. It stops early while the run goes on, and returns status "running" with
+        `detached` saying why, when `wait=False` (right after the unit started), when `timeout_s`
+        expires (None: -e trainer_run_wait_timeout_s, 0 or unset: no limit), or on
+        KeyboardInterrupt / `cancel`. A `cancel` before the unit started cancels the play instead
+        (`Cancelled`, history "cancelled").
         """
-        config_path = Path(config).expanduser().resolve()
-        if not config_path.is_file():
-            raise errors.ConfigError("config", f"{config} is not a file; give a trainer config YAML")
         project_dir = Path(project).expanduser().resolve() if project else (
             self.project_dir if self.send_project else None
         )
         if project_dir is not None and not project_dir.is_dir():
             raise errors.ConfigError("project", f"{project} is not a folder")
-        run_id = name or _new_run_id(config_path)
+        plan = _plan_run(config, script, args, project_dir)
+        run_id = name or _new_run_id(plan.name_source)
         if not RUN_NAME.match(run_id):
             raise errors.ConfigError(
                 "name", f"{run_id!r} must be 1-63 letters, digits, '-' or '_' (first a letter or digit)"
             )
-        results = self.results_dir(run_id)
+        limit, poll = self._follow_limit(timeout_s), self._poll(poll_s)
+        if procs is not None and (isinstance(procs, bool) or not isinstance(procs, int) or procs < 1):
+            raise errors.ConfigError("procs", f"{procs!r} is not a number >= 1 (omit it: one per GPU)")
         self.history.start(
-            run_id,
-            name=run_id,
-            config_path=str(config_path),
-            config_hash=_config_hash(config_path),
-            artifact_dir=str(results) if wait and fetch else None,
+            run_id, name=run_id, config_path=str(plan.record_path), config_hash=_config_hash(plan.record_path)
         )
         vars_ = {
-            "trainer_run_config": str(config_path),
+            **plan.extravars,
             "trainer_run_name": run_id,
             "trainer_run_project_dir": str(project_dir) if project_dir else "",
             "trainer_run_excludes": list(excludes),
-            "trainer_run_wait": wait,
-            "trainer_run_fetch": fetch,
-            "trainer_run_fetch_checkpoints": checkpoints,
-            "trainer_run_fetch_dir": str(results),
-            "trainer_run_wait_timeout_s": int(wait_timeout_s),
-            "trainer_run_poll_s": int(poll_s),
+            # The play only starts the unit; forja follows the run itself (follow()), with no fixed limit.
+            "trainer_run_wait": False,
+            "trainer_run_fetch": False,
+            "forja_history_record": False,  # this history records the run itself
+            **({"trainer_run_nproc_per_node": procs} if procs is not None else {}),
             **(extravars or {}),
         }
-        progress = _ProgressRecorder(self.history, run_id)
-
-        def both(event: ev.Event) -> None:
-            progress(event)
-            if on_event is not None:
-                on_event(event)
-
         try:
-            result = self._run("train.yml", vars_, on_event=both, cancel=cancel, check=False)
+            result = self._run("train.yml", vars_, on_event=on_event, cancel=cancel, check=False)
+        except KeyboardInterrupt:
+            self.history.update(
+                run_id, status="cancelled", ended_at=_now(),
+                message="interrupted while being set up; the unit may have started (forja status)",
+            )
+            raise
         except BaseException as exc:
             self.history.update(run_id, status="failed", ended_at=_now(), message=f"controller error: {exc}")
             raise
@@ -274,17 +364,136 @@ class Forja:
             why = f"{first.host}: {first.task}: {first.message}" if first else f"rc {result.rc}"
             self.history.update(run_id, status="failed", hosts=hosts, ended_at=_now(), message=why)
             result.raise_for_status()
-        summary, artifact = self._read_results(run_id) if wait and fetch else ({}, None)
-        status = str(summary.get("status") or ("completed" if wait else "running"))
-        known = status in (*FINAL, "running")
-        fields: dict[str, Any] = {"status": status if known else "unknown", "hosts": hosts}
-        if wait:
-            fields.update(_summary_fields(summary))
-            fields["ended_at"] = _now()
-        if artifact is not None:
-            fields["artifact_dir"] = str(artifact)
-        self.history.update(run_id, **fields)
-        return TrainResult(run_id, fields["status"], hosts, summary, artifact, result)
+        self.history.update(run_id, hosts=hosts)
+        if not wait:
+            self.history.record_event(run_id, "detached", reason="detach")
+            return TrainResult(run_id, "running", hosts, {}, None, result, detached="detach")
+        followed = self.follow(run_id, fetch=fetch, checkpoints=checkpoints, timeout_s=limit or 0,
+                               poll_s=poll, on_event=on_event, cancel=cancel)
+        return dataclasses.replace(followed, playbook_result=result)
+
+    def follow(
+        self,
+        name: str,
+        *,
+        fetch: bool = True,
+        checkpoints: bool = False,
+        timeout_s: float | None = None,
+        poll_s: int | None = None,
+        on_event: Callable[[ev.Event], None] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> TrainResult:
+        """Follow a started run until it ends, however long, then fetch its results and record them.
+
+        Polls the hosts through playbooks/train_wait.yml, one window of `follow_window_s` after
+        another, streaming `TrainProgress` events and writing progress into the history: no fixed
+        clock ends it. It returns status "running" with `detached` set, the run going on, when
+        `timeout_s` expires (None: -e trainer_run_wait_timeout_s; 0: no limit) or on
+        KeyboardInterrupt / `cancel`. A run that ends other than completed raises `PlaybookFailed`
+        after the history took the status its host reported (failed, preempted, stopped).
+        """
+        if not RUN_NAME.match(name):
+            raise errors.ConfigError("name", f"{name!r} is not a run name")
+        limit, poll = self._follow_limit(timeout_s), self._poll(poll_s)
+        deadline = None if limit is None else time.monotonic() + limit
+        progress = _ProgressRecorder(self.history, name)
+
+        def both(event: ev.Event) -> None:
+            progress(event)
+            if on_event is not None:
+                on_event(event)
+
+        last: RunResult | None = None
+        states: list[tuple[str, runstate.RunState]] = []
+        while True:
+            window = self.follow_window_s
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return self._detached(name, "timeout", states, last)
+                window = max(1, min(window, math.ceil(left)))
+            extravars = {"trainer_run_name": name, "trainer_run_wait_timeout_s": window,
+                         "trainer_run_poll_s": poll}
+            try:
+                last = self._run("train_wait.yml", extravars, on_event=both, cancel=cancel, check=False)
+            except KeyboardInterrupt:
+                return self._detached(name, "interrupted", states, last)
+            if last.status in ("canceled", "timeout"):
+                return self._detached(name, "interrupted", states, last)
+            states = [(h, s) for h, s in runstate.from_stats(last.artifact_data) if s.run == name]
+            rank0 = _rank0(states)
+            if rank0 is None:
+                last.raise_for_status()
+                where = ", ".join(sorted(last.stats)) or "no host"
+                raise errors.RunNotFound(f"run {name!r} is on none of the hosts ({where}); see forja status")
+            if rank0.status == "unknown":
+                where = ", ".join(h for h, _ in states)
+                raise errors.RunNotFound(f"run {name!r} is not on {where}; see `forja status`")
+            if rank0.final or not last.ok:
+                return self._finish(name, states, rank0, last, fetch=fetch, checkpoints=checkpoints)
+            self.history.record_host_run(rank0, hosts=sorted({h for h, _ in states}))  # one started elsewhere
+
+    def _finish(
+        self,
+        name: str,
+        states: Sequence[tuple[str, runstate.RunState]],
+        rank0: runstate.RunState,
+        last: RunResult,
+        *,
+        fetch: bool,
+        checkpoints: bool,
+    ) -> TrainResult:
+        """Record how a followed run ended (the host's status, never a clock's), fetch it, report it."""
+        hosts = sorted({h for h, _ in states})
+        self.history.record_host_run(rank0, hosts=hosts)  # adds a run started outside forja
+        summary: dict[str, Any] = dict(rank0.summary or {})
+        fields: dict[str, Any] = {"status": rank0.status, "hosts": hosts, **summary_fields(summary)}
+        artifact: Path | None = None
+        if rank0.status == "completed" and fetch:
+            self.fetch(name, checkpoints=checkpoints)
+            fetched, artifact = self._read_results(name)
+            summary = fetched or summary
+        if not last.ok:
+            first = (last.unreachable or last.failed_tasks or [None])[0]
+            fields["message"] = f"{first.host}: {first.task}: {first.message}" if first else f"rc {last.rc}"
+        if rank0.final:
+            fields["ended_at"] = self.history.get(name).ended_at or _now()
+        self.history.update(name, **fields)
+        last.raise_for_status()
+        return TrainResult(name, rank0.status, hosts, summary, artifact, last)
+
+    def _detached(
+        self, name: str, reason: str, states: Sequence[tuple[str, runstate.RunState]], last: RunResult | None
+    ) -> TrainResult:
+        """Stop following a run that goes on: the history keeps "running" and notes why."""
+        with contextlib.suppress(errors.RunNotFound):
+            self.history.record_event(name, "detached", reason=reason)
+        hosts = sorted({h for h, _ in states}) or (sorted(last.stats) if last else [])
+        return TrainResult(name, "running", hosts, {}, None, last, detached=reason)
+
+    def _follow_limit(self, timeout_s: float | None) -> float | None:
+        """The caller's own limit on following, in seconds; None is none (0 or unset means none)."""
+        field_name = "timeout_s"
+        if timeout_s is None:
+            field_name = "trainer_run_wait_timeout_s"
+            timeout_s = self.extravars.get(field_name)
+        try:
+            value = float(timeout_s or 0)
+        except (TypeError, ValueError):
+            value = -1.0
+        if value < 0 or math.isnan(value):
+            raise errors.ConfigError(field_name, f"{timeout_s!r} is not a number of seconds >= 0 (0: none)")
+        return value or None
+
+    def _poll(self, poll_s: int | None) -> int:
+        value = poll_s if poll_s is not None else self.extravars.get("trainer_run_poll_s", POLL_S)
+        try:
+            poll = int(value)
+        except (TypeError, ValueError):
+            poll = 0
+        if poll < 1:
+            raise errors.ConfigError("trainer_run_poll_s", f"{value!r} is not a whole number of seconds >= 1")
+        return poll
 
     async def train_async(self, config: str | Path, **kwargs: Any) -> TrainResult:
         """asyncio variant of `train`: cancelling the awaiting task cancels the playbook."""
@@ -331,15 +540,55 @@ class Forja:
             self.on_event = previous
 
     def status(self, name: str | None = None) -> list[TrainStatus]:
-        """The state of one run (or every run) on every host; updates the history with what ended."""
-        states = self._states({"trainer_run_status_runs": [name] if name else []})
-        self._sync_history(states)
-        return states
+        """The state of one run (or every run) on every host, as the hosts report it.
+
+        Updates the history: runs that ended take their final status, and runs the history does
+        not know (started by site.yml or another controller) are added.
+        """
+        pairs = self._read_states({"trainer_run_status_runs": [name] if name else []})
+        self._sync_history(pairs)
+        return [_status(host, state) for host, state in pairs]
 
     def logs(self, name: str, lines: int = 50) -> dict[str, str]:
         """The training unit's journal per host."""
-        states = self._states({"trainer_run_status_runs": [name], "trainer_run_journal_lines": int(lines)})
-        return {s.host: s.journal for s in states}
+        pairs = self._read_states({"trainer_run_status_runs": [name],
+                                   "trainer_run_journal_lines": int(lines)})
+        return {host: state.journal for host, state in pairs}
+
+    def follow_logs(
+        self, name: str, lines: int = 50, poll_s: int | None = None, cancel: threading.Event | None = None
+    ) -> Iterator[tuple[str, str]]:
+        """Yield (host, new journal lines) as the run writes them, each line once, until it ends.
+
+        Starts with the last `lines` lines, then reads only what follows each host's journal cursor,
+        so it stays cheap for runs of days. Ends when the rank-0 host reports a final status, or
+        when `cancel` is set (Ctrl-C in `forja logs -f`). A run no host knows raises RunNotFound.
+        """
+        if not RUN_NAME.match(name):
+            raise errors.ConfigError("name", f"{name!r} is not a run name")
+        poll = self._poll(poll_s)
+        stop = cancel or threading.Event()
+        cursors: dict[str, str] = {}
+        while not stop.is_set():
+            try:
+                request = {"trainer_run_status_runs": [name], "trainer_run_journal_lines": int(lines),
+                           "trainer_run_journal_after": dict(cursors)}
+                pairs = self._read_states(request, cancel=stop)
+            except errors.Cancelled:
+                return
+            known = [(h, s) for h, s in pairs if s.status != "unknown"]
+            if not known:
+                raise errors.RunNotFound(f"run {name!r} is on none of the hosts; see `forja status`")
+            for host, state in known:
+                if state.journal:
+                    yield host, state.journal
+                if state.journal_cursor:
+                    cursors[host] = state.journal_cursor
+            rank0 = _rank0(known)
+            if rank0 is None or rank0.final:
+                self._sync_history(known)
+                return
+            stop.wait(poll)
 
     def fetch(self, name: str, dest: str | Path | None = None, checkpoints: bool = False) -> RunResult:
         """Copy a run's results (and checkpoints) to `dest` (default: the project's forja-runs/<run>)."""
@@ -353,7 +602,7 @@ class Forja:
         )
         summary, artifact = self._read_results(name, target)
         with contextlib.suppress(errors.RunNotFound):
-            self.history.update(name, artifact_dir=str(artifact or target), **_summary_fields(summary))
+            self.history.update(name, artifact_dir=str(artifact or target), **summary_fields(summary))
         return RunResult(**{**result.__dict__, "artifact_dir": artifact or target})
 
     def stop(self, name: str) -> RunResult:
@@ -365,52 +614,33 @@ class Forja:
             self.history.update(name, status="stopped", ended_at=_now())
         return result
 
-    def runs(self, limit: int = 50, status: str | None = None) -> list[Any]:
-        """The run history, newest first."""
+    def runs(self, limit: int = 50, status: str | None = None, sync: bool = False) -> list[Any]:
+        """The run history, newest first. `sync` first reads every run on the hosts (`status()`), so
+        runs started elsewhere are added and ended ones take their final status."""
+        if sync:
+            self.status()
         return self.history.list(limit=limit, status=status)
 
     def hosts(self, pattern: str = "forja_gpu") -> list[InventoryHost]:
-        """The inventory's hosts in a group (or "all"), with their connection variables."""
-        import ansible_runner
+        """The inventory's hosts in a group (or "all"), with their connection variables and record.
 
-        out, err = ansible_runner.interface.get_inventory(
-            "list",
-            [self.inventory] if isinstance(self.inventory, str) else (self.inventory or []),
-            response_format="json",
-            quiet=True,
-            host_cwd=str(_repo_root()),
-        )
-        if not isinstance(out, dict):
-            raise errors.ConfigError("inventory", f"could not read the inventory: {err or out}")
-        meta = out.get("_meta", {}).get("hostvars", {})
-        names = _group_hosts(out, pattern) if pattern != "all" else sorted(meta)
-        hosts = []
-        for name in names:
-            hv = meta.get(name, {})
-            hosts.append(
-                InventoryHost(
-                    name=name,
-                    address=str(hv.get("ansible_host") or name),
-                    user=hv.get("ansible_user"),
-                    port=int(hv.get("ansible_port") or 22),
-                    key_file=hv.get("ansible_ssh_private_key_file") or hv.get("ansible_private_key_file"),
-                    vars=hv,
-                )
-            )
-        return hosts
+        Values are plain (no ansible-core "unsafe" markers) and never include cached facts; see
+        `forja.inventory`, the one reader of the inventory.
+        """
+        from forja import inventory
+
+        return inventory.hosts(self.inventory, pattern)
 
     # -- helpers ------------------------------------------------------------------------------
     def results_dir(self, run_id: str) -> Path:
         return self.project_dir / "forja-runs" / run_id
 
-    def _states(self, extravars: Mapping[str, Any]) -> list[TrainStatus]:
-        result = self._run("train_status.yml", extravars)
-        states: list[TrainStatus] = []
-        for e in result.events:
-            if isinstance(e, ev.TaskOk) and e.task == STATE_TASK:
-                for line in str(e.result.get("stdout", "")).splitlines():
-                    states.append(_status(e.host, json.loads(line)))
-        return states
+    def _read_states(
+        self, extravars: Mapping[str, Any], cancel: threading.Event | None = None
+    ) -> list[tuple[str, runstate.RunState]]:
+        """(host, state) of runs as the status play publishes them (set_stats: the typed contract)."""
+        result = self._run("train_status.yml", extravars, cancel=cancel)
+        return runstate.from_stats(result.artifact_data)
 
     def _read_results(self, run_id: str, folder: Path | None = None) -> tuple[dict[str, Any], Path | None]:
         """The summary from the rank-0 host's fetched folder (the one that has summary.json)."""
@@ -424,19 +654,18 @@ class Forja:
                 return json.loads(summary_file.read_text()), host_dir
         return {}, hosts[0] if hosts else None
 
-    def _sync_history(self, states: Sequence[TrainStatus]) -> None:
-        for s in states:
-            if s.status not in FINAL or s.node_rank != 0:
-                continue
-            try:
-                record = self.history.get(s.run)
-            except errors.RunNotFound:
-                continue
-            if record.status != s.status:
-                fields = {"status": s.status, **_summary_fields(s.summary or {})}
-                if s.status != "running":
-                    fields.setdefault("ended_at", _now())
-                self.history.update(s.run, **fields)
+    def _sync_history(self, pairs: Sequence[tuple[str, runstate.RunState]]) -> None:
+        """Bring the history up to date with what the hosts report (rank 0 speaks for a run)."""
+        hosts: dict[str, list[str]] = {}
+        for host, state in pairs:
+            if state.status != "unknown":
+                hosts.setdefault(state.run, []).append(host)
+        for run, run_hosts in hosts.items():
+            rank0 = _rank0([(h, s) for h, s in pairs if s.run == run])
+            if rank0 is not None:
+                self.history.record_host_run(
+                    rank0, hosts=sorted(run_hosts), message="found on the hosts (not started by this forja)"
+                )
 
 
 class _ProgressRecorder:
@@ -459,57 +688,31 @@ class _ProgressRecorder:
         cost = event.metrics.get("cost_usd")
         if isinstance(cost, int | float):
             fields["cost_usd"] = float(cost)
-        self.history.update(self.run_id, **fields)
+        with contextlib.suppress(errors.RunNotFound):  # a run started elsewhere is added when it ends
+            self.history.update(self.run_id, **fields)
 
 
-def _summary_fields(summary: Mapping[str, Any]) -> dict[str, Any]:
-    fields: dict[str, Any] = {}
-    for key, col, kind in (("steps", "steps", int), ("final_loss", "last_loss", float),
-                           ("cost_usd", "cost_usd", float), ("lost_steps", "lost_steps", int),
-                           ("preemptions", "preemptions", int)):
-        value = summary.get(key)
-        if isinstance(value, int | float):
-            fields[col] = kind(value)
-    return fields
+def _rank0(pairs: Sequence[tuple[str, runstate.RunState]]) -> runstate.RunState | None:
+    """The state that speaks for a run: its rank-0 host's (the one that writes the summary)."""
+    ranked = sorted(pairs, key=lambda pair: (pair[1].node_rank, pair[0]))
+    return ranked[0][1] if ranked else None
 
 
-def _status(host: str, data: Mapping[str, Any]) -> TrainStatus:
-    last = data.get("last") or {}
-    loss = last.get("loss")
+def _status(host: str, state: runstate.RunState) -> TrainStatus:
     return TrainStatus(
         host=host,
-        run=str(data.get("run", "")),
-        status=str(data.get("status", "unknown")),
-        unit_state=f"{data.get('active_state', '')}/{data.get('sub_state', '')}",
-        step=last.get("step"),
-        total_steps=data.get("total_steps"),
-        loss=float(loss) if isinstance(loss, int | float) else None,
-        exit_status=int(data.get("exit_status") or 0),
-        restarts=int(data.get("restarts") or 0),
-        node_rank=int(data.get("node_rank") or 0),
-        summary=data.get("summary"),
-        journal=str(data.get("journal") or ""),
+        run=state.run,
+        status=state.status,
+        unit_state=f"{state.active_state}/{state.sub_state}",
+        step=state.step,
+        total_steps=state.total_steps,
+        loss=state.loss,
+        exit_status=state.exit_status,
+        restarts=state.restarts,
+        node_rank=state.node_rank,
+        summary=state.summary,
+        journal=state.journal,
     )
-
-
-def _group_hosts(inventory: Mapping[str, Any], group: str) -> list[str]:
-    """Hosts of a group, children included, in inventory order."""
-    seen: list[str] = []
-    node = inventory.get(group) or {}
-    for host in node.get("hosts", []):
-        if host not in seen:
-            seen.append(host)
-    for child in node.get("children", []):
-        for host in _group_hosts(inventory, child):
-            if host not in seen:
-                seen.append(host)
-    return seen
-
-
-def _repo_root() -> Path:
-    from forja.runner import REPO_ROOT
-
-    return REPO_ROOT
 
 
 def _now() -> str:

@@ -2,7 +2,9 @@
 
 Every command prints a human table by default and one JSON document with `--json`, so
 scripts never scrape text. Exit codes mean something (see `ExitCode`): 0 ok, 1 a playbook
-task failed, 2 bad usage or input, 3 a host is unreachable, 4 cancelled, 5 not found.
+task failed, 2 bad usage or input, 3 a host is unreachable, 4 cancelled, 5 not found,
+6 the VM is stopped (the message says since when and why; `forja up` starts it), 7 the command
+stopped following a run that goes on (`--timeout` expired, or Ctrl-C: not a failure of the run).
 
 Other parts add their commands in the "Commands from other parts" block at the end, one
 line each, so this file stays the single entry point (`forja = forja.cli:app`).
@@ -12,7 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,12 +26,14 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from typer.core import TyperCommand
 
 from forja.errors import ConfigError, ExitCode, ForjaError
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 ok, 1 a playbook task failed, 2 bad usage or input, 3 a host is unreachable, "
-    "4 cancelled, 5 run not found."
+    "4 cancelled, 5 run not found, 6 the VM is stopped (start it with `forja up`), "
+    "7 stopped following a run that goes on (--timeout, Ctrl-C)."
 )
 
 app = typer.Typer(
@@ -142,7 +148,8 @@ def _fail(exc: ForjaError, as_json: bool) -> typer.Exit:
 
 
 def _error_fields(exc: ForjaError) -> dict[str, Any]:
-    return {k: getattr(exc, k) for k in ("host", "task", "field") if getattr(exc, k, None)}
+    keys = ("host", "task", "field", "status", "since", "why")
+    return {k: getattr(exc, k) for k in keys if getattr(exc, k, None)}
 
 
 @contextmanager
@@ -236,38 +243,62 @@ def down(
     _run_playbook_command(ctx, lambda f: f.down(delete=delete))
 
 
-@app.command()
-def train(
-    ctx: typer.Context,
-    config: Annotated[Path, typer.Argument(help="Trainer config YAML (e.g. trainer/configs/digits.yaml).")],
-    project: Annotated[
-        Path | None, typer.Option("--project", "-p", help="Your project folder to send with the trainer.")
-    ] = None,
-    name: Annotated[
-        str | None, typer.Option("--name", help="Run name (default: config name + time).")
-    ] = None,
-    exclude: Annotated[
-        list[str] | None, typer.Option("--exclude", "-x", help="Extra glob to keep out of the upload.")
-    ] = None,
-    wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Follow the run until it ends.")] = True,
-    checkpoints: Annotated[bool, typer.Option("--checkpoints", help="Also fetch checkpoints.")] = False,
-) -> None:
-    """Send the trainer and your project, run training as a systemd unit, stream progress, fetch results."""
-    o = _opts(ctx)
+class _ScriptArgsCommand(TyperCommand):
+    """Keeps everything after the first `--` for the user's script (`--script train.py -- --lr 3e-4`)
+    instead of letting it fill the command's own positional arguments."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if "--" in args:
+            cut = args.index("--")
+            ctx.meta["forja_script_args"] = args[cut + 1:]
+            args = args[:cut]
+        return super().parse_args(ctx, args)
+
+
+@contextmanager
+def _ctrl_c_sets(event: threading.Event) -> Iterator[None]:
+    """The first Ctrl-C sets `event` (stop following, the run goes on; before the run has started it
+    cancels the play); a second one interrupts at once."""
+
+    def handler(signum: int, frame: Any) -> None:
+        if event.is_set():
+            signal.default_int_handler(signum, frame)
+        event.set()
+        console.print("[yellow]Ctrl-C: stopping (press it again to quit at once)[/]")
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, handler)
     try:
-        with _progress(not o.json) as on_event:
-            result = _forja(ctx, on_event).train(
-                config, project=project, name=name, excludes=exclude or [], wait=wait, checkpoints=checkpoints
-            )
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _follow_command(
+    ctx: typer.Context, action: Callable[[Any, threading.Event], Any], timeout: float | None
+) -> None:
+    """Run `train` or `follow` with progress; report a run that ended, or one that goes on (exit 7)."""
+    o = _opts(ctx)
+    interrupted = threading.Event()
+    try:
+        with _ctrl_c_sets(interrupted), _progress(not o.json) as on_event:
+            result = action(_forja(ctx, on_event), interrupted)
     except ForjaError as exc:
         raise _fail(exc, o.json) from exc
     except KeyboardInterrupt as exc:
-        console.print("[yellow]cancelled; the run keeps going on the host (forja status / forja logs)[/]")
+        console.print("[yellow]interrupted; a run already started keeps going on the host "
+                      "(forja status / forja logs -f NAME / forja stop NAME)[/]", soft_wrap=True)
         raise typer.Exit(int(ExitCode.CANCELLED)) from exc
+    if result.detached is not None:
+        _report_detached(result, timeout, o.json)
+        return
     if o.json:
         _emit_json(result)
         return
-    out.print(_result_table(result.playbook_result))
+    if result.playbook_result is not None:
+        out.print(_result_table(result.playbook_result))
     table = Table(title=f"run {result.run_id}")
     table.add_column("field")
     table.add_column("value")
@@ -275,6 +306,102 @@ def train(
         table.add_row(key, str(result.summary.get(key, "")))
     table.add_row("artifacts", str(result.artifact_dir or ""))
     out.print(table)
+
+
+def _report_detached(result: Any, timeout: float | None, as_json: bool) -> None:
+    """A run that goes on: its id on stdout (or JSON), how to follow and stop it on stderr.
+    `--detach` exits 0; a `--timeout` that expired or a Ctrl-C exits 7 (the run is not failed)."""
+    from forja.api import how_to_follow
+
+    why = {
+        "detach": "started",
+        "timeout": f"still running after the {timeout:g} s --timeout" if timeout else "still running",
+        "interrupted": "still running (Ctrl-C stopped following it, not the run)",
+    }.get(result.detached, "still running")
+    where = f" on {', '.join(result.hosts)}" if result.hosts else ""
+    console.print(f"[yellow]run {result.run_id} {why}{where}; it goes on.[/] {how_to_follow(result.run_id)}",
+                  soft_wrap=True)  # commands to copy stay on one line
+    if as_json:
+        _emit_json(result)
+    else:
+        out.print(result.run_id)
+    if result.detached != "detach":
+        raise typer.Exit(int(ExitCode.STILL_RUNNING))
+
+
+@app.command(cls=_ScriptArgsCommand)
+def train(
+    ctx: typer.Context,
+    config: Annotated[
+        Path | None,
+        typer.Argument(help="Trainer config YAML (e.g. trainer/configs/digits.yaml); optional with --script"),
+    ] = None,
+    script: Annotated[
+        Path | None,
+        typer.Option("--script", "-s", help="Your own script in the project, run instead of the built-in "
+                     "trainer; its arguments go after --, e.g. --script train.py -- --lr 3e-4."),
+    ] = None,
+    project: Annotated[
+        Path | None, typer.Option("--project", "-p", help="Your project folder to send with the trainer.")
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option("--name", help="Run name (default: config or script name + time).")
+    ] = None,
+    exclude: Annotated[
+        list[str] | None, typer.Option("--exclude", "-x", help="Extra glob to keep out of the upload.")
+    ] = None,
+    detach: Annotated[
+        bool, typer.Option("--detach", "-d", help="Start the run, print its id and return at once.")
+    ] = False,
+    timeout: Annotated[
+        float | None,
+        typer.Option("--timeout", help="Stop following after S seconds; the run goes on (exit 7). "
+                     "Default: follow the run until it ends, however long."),
+    ] = None,
+    procs: Annotated[
+        int | None,
+        typer.Option("--procs", help="Processes per host (DDP under torchrun). Default: one per GPU, "
+                     "or trainer_run_cpu_procs on a host without a GPU."),
+    ] = None,
+    checkpoints: Annotated[bool, typer.Option("--checkpoints", help="Also fetch checkpoints.")] = False,
+) -> None:
+    """Send the trainer and your project, run training as a systemd unit, follow it to its end, fetch results.
+
+    Following has no time limit. Ctrl-C stops following and leaves the run going (exit 7); so does
+    an expired --timeout. `forja follow NAME` picks it up again, `forja stop NAME` ends it.
+    """
+    args = list(ctx.meta.get("forja_script_args", []))
+    _follow_command(
+        ctx,
+        lambda f, interrupted: f.train(
+            config, script=script, args=args, project=project, name=name, excludes=exclude or [],
+            wait=not detach, checkpoints=checkpoints, timeout_s=timeout, procs=procs, cancel=interrupted,
+        ),
+        timeout,
+    )
+
+
+@app.command()
+def follow(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Run name.")],
+    timeout: Annotated[
+        float | None,
+        typer.Option("--timeout", help="Stop following after S seconds; the run goes on (exit 7)."),
+    ] = None,
+    fetch_results: Annotated[
+        bool, typer.Option("--fetch/--no-fetch", help="Fetch the results when the run completes.")
+    ] = True,
+    checkpoints: Annotated[bool, typer.Option("--checkpoints", help="Also fetch checkpoints.")] = False,
+) -> None:
+    """Follow a started run (after --detach or Ctrl-C) to its end with progress, then fetch its results."""
+    _follow_command(
+        ctx,
+        lambda f, interrupted: f.follow(
+            name, fetch=fetch_results, checkpoints=checkpoints, timeout_s=timeout, cancel=interrupted
+        ),
+        timeout,
+    )
 
 
 @app.command()
@@ -305,9 +432,15 @@ def logs(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Run name.")],
     lines: Annotated[int, typer.Option("--lines", "-n", help="How many journal lines per host.")] = 50,
+    follow_journal: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new lines until the run ends (or Ctrl-C).")
+    ] = False,
 ) -> None:
-    """Print the training unit's journal from each host."""
+    """Print the training unit's journal from each host (-f: follow it until the run ends)."""
     o = _opts(ctx)
+    if follow_journal:
+        _follow_logs(ctx, name, lines)
+        return
     try:
         per_host = _forja(ctx).logs(name, lines=lines)
     except ForjaError as exc:
@@ -318,6 +451,28 @@ def logs(
     for host, text in sorted(per_host.items()):
         console.rule(host)
         sys.stdout.write(text.rstrip("\n") + "\n")
+
+
+def _follow_logs(ctx: typer.Context, name: str, lines: int) -> None:
+    """`logs -f`: new journal lines as they come (JSON lines {host, text} under --json); ends with the run."""
+    o = _opts(ctx)
+    interrupted = threading.Event()
+    shown = ""
+    try:
+        with _ctrl_c_sets(interrupted):
+            for host, text in _forja(ctx).follow_logs(name, lines=lines, cancel=interrupted):
+                if o.json:
+                    sys.stdout.write(json.dumps({"host": host, "text": text}) + "\n")
+                else:
+                    if host != shown:
+                        console.rule(host)
+                        shown = host
+                    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+                sys.stdout.flush()
+    except ForjaError as exc:
+        raise _fail(exc, o.json) from exc
+    if interrupted.is_set():
+        console.print(f"[yellow]stopped following the journal; run {name} goes on[/]")
 
 
 @app.command()
@@ -354,12 +509,17 @@ def runs(
     ctx: typer.Context,
     limit: Annotated[int, typer.Option("--limit", "-n", help="Newest N runs.")] = 20,
     status_filter: Annotated[str | None, typer.Option("--status", help="Only runs with this status.")] = None,
+    sync: Annotated[
+        bool, typer.Option("--sync", help="First read every run on the hosts (adds runs started elsewhere).")
+    ] = False,
 ) -> None:
-    """List the run history (every run, including preempted and failed ones)."""
-    from forja.history import History
-
+    """List the run history (every run, including preempted and failed ones, and runs that site.yml
+    started). The history holds what the hosts last reported; --sync asks them first."""
     o = _opts(ctx)
-    records = History().list(limit=limit, status=status_filter)
+    try:
+        records = _forja(ctx).runs(limit=limit, status=status_filter, sync=sync)
+    except ForjaError as exc:
+        raise _fail(exc, o.json) from exc
     if o.json:
         _emit_json(records)
         return
@@ -396,11 +556,15 @@ class TunnelPlan:
     token_file: str
 
 
-def tunnel_plan(host: Any, local_port: int, iap: bool | None, show_token: bool) -> TunnelPlan:
+def tunnel_plan(
+    host: Any, local_port: int, iap: bool | None, show_token: bool, host_key_checking: bool = True
+) -> TunnelPlan:
     """Plain ssh to the inventory address, or gcloud's IAP tunnel when asked (or no address is known).
 
     Colab's http_over_ws path only works when the local and remote ports are equal, so the remote
-    port is the host's `jupyter_colab_port` and the local one must match it.
+    port is the host's `jupyter_colab_port` and the local one must match it. Host keys are checked
+    (accept-new) unless `--no-host-key-checking` or the inventory (`ansible_host_key_checking`,
+    the sandbox's throwaway hosts) turns that off.
     """
     from forja.tunnel import ssh_command
 
@@ -416,8 +580,10 @@ def tunnel_plan(host: Any, local_port: int, iap: bool | None, show_token: bool) 
         command += [f"--zone={zone}"] if zone else []
         command += ["--", "-N", "-L", f"127.0.0.1:{local_port}:127.0.0.1:{remote_port}"]
     else:
+        checking = host_key_checking and host.host_key_checking
         command = ssh_command(host.address, host.user or "ansible", host.key_file, local_port, remote_port,
-                              port=host.port)
+                              port=host.port, strict_host_key_checking="accept-new" if checking else "no",
+                              known_hosts_file=None if checking else "/dev/null")
     token_file = Path(TOKEN_FILE.format(host=host.name)).expanduser()
     token = "<token>"
     if show_token and token_file.is_file():
@@ -441,18 +607,37 @@ def tunnel(
     print_only: Annotated[
         bool, typer.Option("--print", help="Print the command and URL, open nothing.")
     ] = False,
+    start: Annotated[
+        bool, typer.Option("--start", help="Start the VM first if it is stopped (as `forja up` does).")
+    ] = False,
 ) -> None:
-    """Open the SSH tunnel to the host's Jupyter and print the URL to paste into Colab."""
+    """Open the SSH tunnel to the host's Jupyter and print the URL to paste into Colab.
+
+    A stopped VM is an error (exit 6) that says since when and why; `--start` starts it first.
+    """
     import subprocess
 
+    from forja.inventory import stopped_error
+
     o = _opts(ctx)
-    try:
-        hosts = _forja(ctx).hosts()
+
+    def choose(hosts: list[Any]) -> Any:
         chosen = [h for h in hosts if host in (None, h.name)]
         if not chosen:
             wanted = host or "forja_gpu"
             raise ConfigError("--host", f"{wanted} is not in the inventory ({len(hosts)} GPU hosts)")
-        plan = tunnel_plan(chosen[0], local_port, iap, show_token)
+        return chosen[0]
+
+    try:
+        chosen = choose(_forja(ctx).hosts())
+        if chosen.stopped and start:
+            console.print(f"{chosen.name} is {chosen.status}: starting it (playbooks/provision.yml)")
+            with _progress(not o.json) as on_event:
+                _forja(ctx, on_event).up()
+            chosen = choose(_forja(ctx).hosts())
+        if chosen.stopped:
+            raise stopped_error(chosen)
+        plan = tunnel_plan(chosen, local_port, iap, show_token, o.host_key_checking)
     except ForjaError as exc:
         raise _fail(exc, o.json) from exc
     if o.json:

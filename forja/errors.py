@@ -19,6 +19,9 @@ class ExitCode(IntEnum):
     UNREACHABLE = 3
     CANCELLED = 4
     NOT_FOUND = 5
+    STOPPED = 6
+    #: `forja train`/`follow` stopped following a run that goes on (--timeout expired, Ctrl-C).
+    STILL_RUNNING = 7
 
 
 class ForjaError(Exception):
@@ -65,6 +68,35 @@ class HostUnreachable(ForjaError):
         self.host = host
         self.task = task
         self.detail = message
+
+
+class HostStopped(HostUnreachable):
+    """The host is a VM that is stopped (its inventory record says so): start it, don't debug SSH.
+
+    A subclass of `HostUnreachable`, so code that handles "unreachable" still does; its own exit
+    code (6) lets a script tell "start the VM" (`forja up`) from "the network is broken" (3).
+    """
+
+    exit_code = ExitCode.STOPPED
+
+    def __init__(self, host: str, status: str, since: str | None = None, why: str | None = None,
+                 task: str = "") -> None:
+        ForjaError.__init__(self, stopped_message(host, status, since, why))
+        self.host = host
+        self.task = task
+        self.status = status
+        self.since = since
+        self.why = why
+        self.detail = self.message
+
+
+def stopped_message(host: str, status: str, since: str | None, why: str | None) -> str:
+    """One plain sentence: what, since when, why if known, and how to start it."""
+    text = f"host {host} is stopped (status {status}"
+    text += f" since {since})" if since else ")"
+    if why:
+        text += f"; {why}"
+    return text + ". Start it with `forja up` (or `forja tunnel --start`)."
 
 
 class Cancelled(ForjaError):

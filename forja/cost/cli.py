@@ -1,14 +1,13 @@
 """`forja cost`: what each instance costs now, has cost, and would cost if left running.
 
-Instances come from the Ansible inventory (`ansible-inventory --list`, the same hostvars the
-playbooks see) or from a JSON/YAML file of instance dicts, so the report also works offline and
+Instances come from the Ansible inventory (read by `forja.inventory`: the hostvars the playbooks
+see, as plain values) or from a JSON/YAML file of instance dicts, so the report also works offline and
 in tests. Mounted into the main CLI as `forja cost`; `python -m forja.cost` runs it standalone.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any
@@ -49,21 +48,17 @@ def instances_from_file(path: Path) -> list[dict[str, Any]]:
 
 
 def instances_from_inventory(inventory: str | None) -> tuple[list[dict[str, Any]], list[str]]:
-    """Hostvars of every host that looks like a GCP instance; the others are named, not priced."""
-    cmd = ["ansible-inventory", "--list"] + (["-i", inventory] if inventory else [])
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise typer.BadParameter(
-            f"`{' '.join(cmd)}` failed: {proc.stderr.strip()[-500:]}", param_hint="--inventory"
-        )
-    hostvars = json.loads(proc.stdout).get("_meta", {}).get("hostvars", {})
-    found, skipped = [], []
-    for host, hv in sorted(hostvars.items()):
-        if (hv.get("machine_type") or hv.get("machineType")) and (hv.get("zone") or hv.get("gcp_zone")):
-            found.append({"name": host, **hv})
-        else:
-            skipped.append(host)
-    return found, skipped
+    """Hostvars of every host that looks like a GCP instance; the others are named, not priced.
+
+    Read through `forja.inventory`, the one reader of the inventory: plain values, no cached facts.
+    """
+    from forja import inventory as inv
+    from forja.errors import ForjaError
+
+    try:
+        return inv.gcp_instances(inventory)
+    except ForjaError as exc:
+        raise typer.BadParameter(exc.message, param_hint="--inventory") from exc
 
 
 def _money(value: float | None) -> str:

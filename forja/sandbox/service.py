@@ -74,6 +74,17 @@ def base_url(p: int | None = None) -> str:
     return f"http://127.0.0.1:{p or port()}/compute/v1/"
 
 
+def metadata_port(p: int | None = None) -> int:
+    """The guests' metadata server listens next to the API (GCE's is 169.254.169.254:80)."""
+    return (p or port()) + 1
+
+
+def metadata_url(p: int | None = None) -> str:
+    """What a sandbox VM uses for http://metadata.google.internal/computeMetadata/v1: the host's
+    address on the hosts' bridge, which every sandbox VM routes to."""
+    return f"http://{testhosts.net_prefix()}.1:{metadata_port(p)}/computeMetadata/v1"
+
+
 def _alive(pid_file: Path) -> int | None:
     try:
         pid = int(pid_file.read_text().strip())
@@ -119,9 +130,15 @@ def ensure_running(timeout_s: float = 60.0) -> dict[str, str]:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"the sandbox emulator did not start; see {sp.log}")
                 time.sleep(0.1)
-    endpoint = {"api_url": url, "credentials_file": str(sp.key), "project": PROJECT}
-    sp.info.write_text(json.dumps(endpoint))
-    return endpoint
+    info = endpoint()
+    sp.info.write_text(json.dumps(info))
+    return info
+
+
+def endpoint() -> dict[str, str]:
+    """How to reach the sandbox: the Compute API, its key, the project, and the guests' metadata server."""
+    return {"api_url": base_url(), "credentials_file": str(paths().key), "project": PROJECT,
+            "metadata_url": metadata_url()}
 
 
 def stop_service() -> None:
@@ -171,6 +188,25 @@ def _watch_guest_poweroff(emulator, backend, stop: threading.Event) -> None:  # 
                     emulator.guest_powered_off(inst)
 
 
+def _serve_metadata(emulator, p: int, stop: threading.Event) -> None:  # type: ignore[no-untyped-def]
+    """Serve the guests' metadata server on the hosts' bridge once it exists (the first host makes it).
+
+    Bound to the bridge address only, never to every interface: only sandbox VMs reach it, and it
+    answers only a RUNNING instance calling from its own address.
+    """
+    from forja.sandbox.compute_emulator.metadata_server import MetadataServer
+
+    server = None
+    while server is None and not stop.is_set():
+        try:
+            server = MetadataServer(emulator.api, f"{testhosts.net_prefix()}.1", metadata_port(p)).start()
+        except OSError:  # no bridge yet (no host booted), or the port is taken: try again later
+            stop.wait(POLL_S)
+    stop.wait()
+    if server is not None:
+        server.stop()
+
+
 def serve(p: int) -> None:
     """Run the emulator bound to test hosts until SIGTERM.
 
@@ -196,6 +232,7 @@ def serve(p: int) -> None:
     signal.signal(signal.SIGINT, lambda *_: done.set())
     watcher = threading.Thread(target=_watch_guest_poweroff, args=(emulator, backend, done), daemon=True)
     watcher.start()
+    threading.Thread(target=_serve_metadata, args=(emulator, p, done), daemon=True).start()
     print(f"forja sandbox: Compute emulator at {emulator.base_url}", flush=True)
     done.wait()
     emulator.stop()
@@ -223,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (_alive(paths().pid) and _answers(url)):
             print("the sandbox is not running; start it with `forja sandbox up`", file=sys.stderr)
             return 1
-        print(json.dumps({"api_url": url, "credentials_file": str(paths().key), "project": PROJECT}))
+        print(json.dumps(endpoint()))
     elif args.cmd == "stop":
         stop_service()
     else:

@@ -92,6 +92,15 @@ options:
     description: Also expose metadata values as the hostvar C(metadata). Off because they hold secrets.
     type: bool
     default: false
+  guest_attributes:
+    description:
+      - Guest-attribute namespaces (C(NAMESPACE/)) read for every VM that is not RUNNING and exposed as the
+        hostvar C(guest_attributes), a mapping of C(NAMESPACE/KEY) to value (only when some are set).
+      - forja's autostop agent records why it stopped the VM under C(forja/autostop); with C([forja/]) here
+        forja can say so while the VM is stopped. One API call per stopped VM and namespace.
+    type: list
+    elements: str
+    default: []
   max_results:
     description: Page size of list calls (the API allows up to 500).
     type: int
@@ -285,7 +294,31 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
                     f"gcp_gpu: listing VMs of project '{project}' failed: {exc.message}", orig_exc=exc
                 ) from exc
             records.extend(host_record(i, preference, expose) for i in instances)
+        paths = self.get_option("guest_attributes") or []
+        for record in records:
+            if record.get("status") != "RUNNING":
+                found: dict[str, str] = {}
+                for path in paths:
+                    found.update(self._guest_attributes(client, record, path))
+                if found:
+                    record["guest_attributes"] = found
         return records
+
+    def _guest_attributes(self, client: GcpClient, record: dict, path: str) -> dict[str, str]:
+        """What the stopped VM left under a namespace (e.g. autostop's reason); nothing when unset.
+
+        A VM without guest attributes (never written, or not enabled) answers 404; any other error
+        only costs the enrichment, never the inventory.
+        """
+        link = f"projects/{record['project']}/zones/{record['zone']}/instances/{record['instance_name']}"
+        try:
+            found = client.request("GET", f"{link}/getGuestAttributes", params={"queryPath": path},
+                                   allow_404=True)
+        except GcpError as exc:
+            self.display.vvv(f"gcp_gpu: guest attributes of {record['instance_name']}: {exc.message}")
+            return {}
+        items = ((found or {}).get("queryValue") or {}).get("items") or []
+        return {f"{i.get('namespace')}/{i.get('key')}": str(i.get("value", "")) for i in items}
 
     def _populate(self, records: list[dict]) -> None:
         strict = self.get_option("strict")

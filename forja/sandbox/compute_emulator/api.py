@@ -16,6 +16,7 @@ from typing import Any
 from . import catalog
 from .errors import ApiError, not_found
 from .faults import Faults
+from .guest_attributes import GuestAttributeMethods
 from .instance_methods import InstanceMethods
 from .operations import Call, InstanceBackend, OperationFailed
 from .resource_methods import ResourceMethods
@@ -24,7 +25,7 @@ from .state import Store
 Json = dict[str, Any]
 
 
-class ComputeApi(InstanceMethods, ResourceMethods):
+class ComputeApi(InstanceMethods, ResourceMethods, GuestAttributeMethods):
     """Every implemented Compute method, by discovery id, behind one `dispatch`."""
 
     def __init__(
@@ -48,6 +49,7 @@ class ComputeApi(InstanceMethods, ResourceMethods):
             "compute.instances.setLabels": self.instances_set_labels,
             "compute.instances.setMetadata": self.instances_set_metadata,
             "compute.instances.setTags": self.instances_set_tags,
+            "compute.instances.getGuestAttributes": self.instances_get_guest_attributes,
             "compute.instances.simulateMaintenanceEvent": self.instances_simulate_maintenance_event,
             "compute.zoneOperations.get": self.operations_get,
             "compute.zoneOperations.wait": self.operations_wait,

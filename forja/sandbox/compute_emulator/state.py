@@ -62,6 +62,9 @@ class Store:
         self.operations: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.request_ids: dict[tuple[str, str], tuple[str, str, str]] = {}
         self.counters: dict[str, int] = {"id": 0, "nat": 0}
+        # Guest attributes live beside the instance resource (GCE never returns them inside it),
+        # keyed by instance id: a new instance of the same name starts with none.
+        self.guest_attributes: dict[str, dict[str, str]] = {}
         self._sorted: dict[str, list[InstanceRecord]] = {}
         self.version = 0  # bumped on every instance change; keys the query cache
         self._queries: dict[Any, tuple[int, list[InstanceRecord]]] = {}
@@ -110,6 +113,7 @@ class Store:
             zone = self.instances[record.project].get(record.zone, {})
             if zone.get(record.name) is record:
                 del zone[record.name]
+                self.guest_attributes.pop(str(record.data.get("id")), None)
                 self._sorted.pop(record.project, None)
                 self.version += 1
                 self.mark_dirty()
@@ -198,6 +202,7 @@ class Store:
                 "operations": [op for op in self.operations.values() if op["status"] == "DONE"][-1000:],
                 "counters": dict(self.counters),
                 "auth": self.keyring.dump(),
+                "guest_attributes": self.guest_attributes,
             }
             encoded = json.dumps(data, separators=(",", ":"))
         tmp = self.state_file.with_name(f".{self.state_file.name}.{os.getpid()}.tmp")
@@ -233,6 +238,7 @@ class Store:
             self.operations[(scope[0], "/".join(scope[1:-2]), op["name"])] = op
         self.counters.update(data.get("counters", {}))
         self.keyring.load(data.get("auth", {}))
+        self.guest_attributes = {k: dict(v) for k, v in data.get("guest_attributes", {}).items()}
 
     def wait_for(self, predicate: Any, timeout: float) -> bool:
         deadline = time.monotonic() + timeout

@@ -23,6 +23,8 @@ import requests
 
 from forja import colab
 from forja.sandbox import testhosts
+from forja.sandbox.compute_emulator import ComputeEmulator
+from forja.sandbox.compute_emulator.metadata_server import MetadataServer
 from forja.tunnel import ssh_tunnel
 
 INDEX = 5
@@ -33,6 +35,8 @@ TEST_CONFIG = "/root/autostop-test.json"
 TEST_STATE = "/var/lib/forja/autostop-test"
 STATE_DIR = "/var/lib/forja/autostop"
 JUPYTER_PORT = 18805  # molecule.yml: jupyter_colab_port
+METADATA_PORT = 18905  # molecule.yml: autostop_metadata_url
+PROJECT, ZONE = "forja-sandbox", "us-east1-d"
 SSH_OPTS = [
     "-i",
     str(testhosts.key_path()),
@@ -123,6 +127,51 @@ def host_is_gone() -> bool:
 def on_disk(path: str) -> Path:
     """A file of the stopped host, read from its disk (the overlay's upper layer) on the controller."""
     return testhosts.base_dir() / "hosts" / f"th{INDEX}" / "upper" / path.lstrip("/")
+
+
+class BoundToThisHost:
+    """An emulator backend whose one instance is this test host: its address is the instance's."""
+
+    def create(self, instance: dict) -> str:
+        return ADDRESS
+
+    def start(self, instance: dict) -> str:
+        return ADDRESS
+
+    def stop(self, instance: dict) -> None:
+        return None
+
+    def delete(self, instance: dict) -> None:
+        return None
+
+
+@pytest.fixture(scope="module")
+def cloud() -> Iterator[ComputeEmulator]:
+    """The Compute emulator with this host as its instance `th5` (guest attributes enabled), and the
+    metadata server the agent reaches at molecule.yml's autostop_metadata_url."""
+    with ComputeEmulator(backend=BoundToThisHost()) as emu:
+        token = {"Authorization": f"Bearer {emu.issue_token()}"}
+        zone = f"{emu.base_url}projects/{PROJECT}/zones/{ZONE}"
+        op = requests.post(f"{zone}/instances", headers=token, timeout=30, json={
+            "name": "th5", "machineType": f"zones/{ZONE}/machineTypes/e2-standard-4",
+            "disks": [{"boot": True, "initializeParams": {
+                "sourceImage": "projects/ubuntu-os-cloud/global/images/family/ubuntu-2204-lts"}}],
+            "networkInterfaces": [{"accessConfigs": [{"type": "ONE_TO_ONE_NAT"}]}],
+            "metadata": {"items": [{"key": "enable-guest-attributes", "value": "TRUE"}]},
+        }).json()
+        requests.post(f"{zone}/operations/{op['name']}/wait", headers=token, timeout=60).raise_for_status()
+        with MetadataServer(emu.api, f"{testhosts.net_prefix()}.1", METADATA_PORT):
+            yield emu
+
+
+def recorded_reason(emu: ComputeEmulator) -> str | None:
+    """The stop reason the agent left, read through the Compute API as forja's inventory reads it."""
+    answer = requests.get(
+        f"{emu.base_url}projects/{PROJECT}/zones/{ZONE}/instances/th5/getGuestAttributes",
+        params={"variableKey": "forja/autostop"}, timeout=30,
+        headers={"Authorization": f"Bearer {emu.issue_token()}"},
+    )
+    return answer.json()["variableValue"] if answer.status_code == 200 else None
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -296,13 +345,24 @@ def test_a_kernel_running_a_long_cell_keeps_the_vm_and_an_idle_kernel_does_not()
 # --- The real thing: stop, next start, spend cap ------------------------------------------------
 
 
-def test_an_idle_vm_powers_itself_off_with_only_a_tunnel_open():
+def test_an_idle_vm_powers_itself_off_with_only_a_tunnel_open(cloud: ComputeEmulator):
     with controller_ssh("-N", "-L", "18556:127.0.0.1:8888", f"ansible@{ADDRESS}"):
         edit_config(CONFIG, dry_run=False)
         until(host_is_gone, 60, "the host to power itself off", every=0.5)
     last = json.loads(on_disk(f"{STATE_DIR}/last_stop.json").read_text())
     assert last["decision"] == "stop"
     assert any(r.startswith("idle for") for r in last["reasons"])
+
+
+def test_the_reason_of_the_stop_is_readable_while_the_vm_is_stopped(cloud: ComputeEmulator):
+    """The agent left its decision as a guest attribute before powering off; the Compute API
+    answers it with the host gone (forja's stopped-VM message shows it)."""
+    assert not testhosts.is_up(INDEX)
+    last = json.loads(on_disk(f"{STATE_DIR}/last_stop.json").read_text())
+    reason = recorded_reason(cloud)
+    assert reason is not None, "no forja/autostop guest attribute was recorded"
+    assert reason.startswith(last["time"]) and "idle for" in reason, reason
+    assert reason.endswith("; ".join(last["stop_reasons"])), (reason, last)
 
 
 def test_on_the_next_start_services_come_back_and_the_idle_clock_is_reset():
@@ -323,7 +383,7 @@ def test_on_the_next_start_services_come_back_and_the_idle_clock_is_reset():
     assert "would-stop" not in {r["decision"] for r in journal_decisions()}  # real mode, and busy
 
 
-def test_the_spend_cap_warns_then_checkpoints_training_and_stops_the_vm():
+def test_the_spend_cap_warns_then_checkpoints_training_and_stops_the_vm(cloud: ComputeEmulator):
     prior = json.loads(ssh(f"cat {STATE_DIR}/state.json"))["prior_boots_usd"]
     uptime = decide_once()["uptime_s"]
     # At $3600/h the VM costs $1 a second (at least 60 s are billed per boot): the warning
@@ -341,3 +401,4 @@ def test_the_spend_cap_warns_then_checkpoints_training_and_stops_the_vm():
     assert "training unit forja-train@drill.service running" in last["reasons"]
     checkpointed = on_disk("/var/lib/forja-standin/drill/checkpointed")
     assert checkpointed.exists(), "the training unit was not asked to checkpoint before the poweroff"
+    assert f"spend cap ${cap:.2f} reached" in (recorded_reason(cloud) or ""), "the new stop's reason is kept"

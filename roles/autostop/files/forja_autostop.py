@@ -66,7 +66,14 @@ DEFAULTS: dict[str, Any] = {
     "nvidia_smi": "nvidia-smi",
     "utmp": "/run/utmp",
     "proc_root": "/proc",
+    # The metadata server's base URL; empty: do not record why the VM was stopped.
+    "metadata_url": "http://metadata.google.internal/computeMetadata/v1",
+    # The guest attribute (NAMESPACE/KEY) that keeps the reason of the last stop, readable through
+    # the Compute API while the VM is stopped (forja's inventory reads forja/*).
+    "guest_attribute": "forja/autostop",
 }
+#: GCE keeps guest attribute values small; a reason longer than this is cut.
+MAX_REASON_BYTES = 1000
 NUMBERS = (
     "idle_minutes",
     "boot_grace_minutes",
@@ -113,6 +120,12 @@ def load_config(path: str) -> dict[str, Any]:
         raise ConfigError(f"config {path}: 'poweroff_command' must be a non-empty list of strings")
     if not isinstance(config["dry_run"], bool):
         raise ConfigError(f"config {path}: 'dry_run' must be true or false")
+    url = config["metadata_url"]
+    if not isinstance(url, str) or (url and not url.startswith("http://")):
+        raise ConfigError(f"config {path}: 'metadata_url' is {url!r}; give an http:// URL or '' (off)")
+    attribute = config["guest_attribute"]
+    if not isinstance(attribute, str) or len(attribute.split("/")) != 2 or not all(attribute.split("/")):
+        raise ConfigError(f"config {path}: 'guest_attribute' is {attribute!r}; give NAMESPACE/KEY")
     return config
 
 
@@ -473,6 +486,8 @@ def decide(
         decision = "idle"
         reasons.append(f"idle for {idle_for:.0f} s of {window:.0f} s: " + ", ".join(seen["notes"]))
     record = {"decision": decision, "reasons": reasons, **record}
+    if stops:
+        record["stop_reasons"] = stops
     if config["dry_run"]:
         record["dry_run"] = True
     return record, state
@@ -523,6 +538,28 @@ def stop_machine(config: dict[str, Any], record: dict[str, Any]) -> int:
     return subprocess.run(config["poweroff_command"], check=False).returncode
 
 
+def record_stop_reason(config: dict[str, Any], record: dict[str, Any]) -> None:
+    """Leave why the VM stops where it can be read while it is stopped: a guest attribute.
+
+    The metadata server needs no credentials (it knows which VM calls); the Compute API's
+    instances.getGuestAttributes reads it back. Best effort: the stop goes ahead regardless.
+    """
+    if not config["metadata_url"]:
+        return
+    reason = f"{record['time']} " + "; ".join(record.get("stop_reasons") or record["reasons"])
+    data = reason.encode("utf-8")[:MAX_REASON_BYTES]
+    url = f"{config['metadata_url'].rstrip('/')}/instance/guest-attributes/{config['guest_attribute']}"
+    request = urllib.request.Request(url, data=data, method="PUT", headers={"Metadata-Flavor": "Google"})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            outcome = {"status": answer.status}
+    except urllib.error.HTTPError as exc:
+        outcome = {"status": exc.code, "error": exc.read(300).decode("utf-8", errors="replace")}
+    except OSError as exc:
+        outcome = {"error": str(exc)}
+    log({"action": "record-stop-reason", "guest_attribute": config["guest_attribute"], **outcome})
+
+
 def run_once(config: dict[str, Any]) -> int:
     state_dir = config["state_dir"]
     os.makedirs(state_dir, mode=0o755, exist_ok=True)
@@ -548,6 +585,7 @@ def run_once(config: dict[str, Any]) -> int:
     log(record)
     if record["decision"] == "stop":
         write_json(os.path.join(state_dir, "last_stop.json"), record, 0o644)
+        record_stop_reason(config, record)
         return stop_machine(config, record)
     return 0
 

@@ -1,0 +1,216 @@
+"""The Ansible inventory as plain values: the one reader every part of forja uses.
+
+Why one reader: `ansible-inventory --list` (ansible-core 2.19) writes every value it does not
+trust, which is everything an inventory *plugin* such as `gcp_gpu` sets, as
+`{"__ansible_unsafe": "10.213.0.20"}`, and it merges the fact cache into each host's variables.
+Read naively, `forja tunnel` printed `ansible@{'__ansible_unsafe': ...}` and `forja cost` choked on
+timestamps. Here, once for all readers (`Forja.hosts()`, `forja tunnel`, `forja cost`, the
+stopped-VM check):
+
+- the markers are removed, so every value is the plain JSON value the inventory holds;
+- facts are kept out (ansible-inventory runs with `INJECT_FACT_VARS` off and the `ansible_facts`
+  namespace is dropped), so a filled fact cache never changes what forja reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from forja import errors
+
+#: The key ansible-core's legacy inventory JSON profile wraps untrusted values in.
+UNSAFE_MARKER = "__ansible_unsafe"
+#: Where the fact cache shows up once facts are not injected as top-level variables.
+FACT_KEYS = ("ansible_facts", "ansible_local")
+#: Compute Engine statuses in which the VM cannot answer SSH although the instance exists.
+STOPPED_STATUSES = frozenset({"STOPPING", "STOPPED", "SUSPENDING", "SUSPENDED", "TERMINATED"})
+#: The guest attribute the autostop agent writes when it stops the VM (roles/autostop:
+#: autostop_guest_attribute); the gcp_gpu inventory exposes a stopped VM's as `guest_attributes`.
+STOP_REASON_ATTRIBUTE = "forja/autostop"
+
+Inventory = str | Path | Sequence[str | Path] | None
+
+
+def plain(value: Any) -> Any:
+    """`value` with every `{"__ansible_unsafe": v}` replaced by `v`, recursively."""
+    if isinstance(value, dict):
+        if set(value) == {UNSAFE_MARKER}:
+            return plain(value[UNSAFE_MARKER])
+        return {str(plain(k)): plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class InventoryData:
+    """Groups and per-host variables, plain values only, facts left out."""
+
+    groups: dict[str, dict[str, Any]]
+    hostvars: dict[str, dict[str, Any]]
+
+    def group_hosts(self, group: str) -> list[str]:
+        """Hosts of a group, children included, in inventory order; "all" is every host."""
+        if group == "all" and group not in self.groups:
+            return sorted(self.hostvars)
+        seen: list[str] = []
+        node = self.groups.get(group) or {}
+        for host in node.get("hosts", []):
+            if host not in seen:
+                seen.append(host)
+        for child in node.get("children", []):
+            for host in self.group_hosts(child):
+                if host not in seen:
+                    seen.append(host)
+        return seen
+
+
+def _sources(inventory: Inventory) -> list[str]:
+    if inventory is None:
+        return []
+    if isinstance(inventory, str | Path):
+        return [str(Path(inventory).expanduser())]
+    return [str(Path(i).expanduser()) for i in inventory]
+
+
+def _ansible_inventory() -> str:
+    """The ansible-inventory next to this Python (a venv need not be activated), else PATH's."""
+    beside = Path(sys.executable).with_name("ansible-inventory")
+    return str(beside) if beside.exists() else (shutil.which("ansible-inventory") or "ansible-inventory")
+
+
+def parse(listing: Mapping[str, Any]) -> InventoryData:
+    """Turn `ansible-inventory --list` JSON into plain groups and hostvars without facts."""
+    data = plain(dict(listing))
+    meta = data.pop("_meta", {}) or {}
+    hostvars = {
+        host: {k: v for k, v in (hv or {}).items() if k not in FACT_KEYS}
+        for host, hv in (meta.get("hostvars") or {}).items()
+    }
+    return InventoryData(groups=data, hostvars=hostvars)
+
+
+def read(inventory: Inventory = None, *, cwd: Path | None = None) -> InventoryData:
+    """Run `ansible-inventory --list` over the sources (None: ansible.cfg's) and parse it.
+
+    `cwd` is where ansible.cfg is looked up; forja's repository by default, like the playbooks.
+    """
+    from forja.runner import REPO_ROOT
+
+    cmd = [_ansible_inventory(), "--list"]
+    for source in _sources(inventory):
+        cmd += ["-i", source]
+    env = dict(os.environ, ANSIBLE_INJECT_FACT_VARS="False")
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=cwd or REPO_ROOT, env=env)
+    if proc.returncode != 0:
+        said = proc.stderr.strip()[-800:] or proc.stdout.strip()[-800:]
+        raise errors.ConfigError("inventory", f"`ansible-inventory --list` failed: {said}")
+    try:
+        listing = json.loads(proc.stdout)
+    except ValueError as exc:
+        raise errors.ConfigError("inventory", f"ansible-inventory printed no JSON: {exc}") from exc
+    return parse(listing)
+
+
+@dataclass(frozen=True)
+class InventoryHost:
+    """How to reach one inventory host (what `forja tunnel` needs), and what its record says."""
+
+    name: str
+    address: str
+    user: str | None
+    port: int
+    key_file: str | None
+    vars: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def status(self) -> str | None:
+        """The cloud's status of the VM (RUNNING, TERMINATED...); None for a host not from a cloud."""
+        value = self.vars.get("status")
+        return str(value).upper() if value else None
+
+    @property
+    def stopped(self) -> bool:
+        return self.status in STOPPED_STATUSES
+
+    @property
+    def stopped_since(self) -> datetime | None:
+        """When the VM last stopped, from the record's `last_stop_timestamp`."""
+        value = self.vars.get("last_stop_timestamp")
+        if not value:
+            return None
+        try:
+            stamp = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        return stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)
+
+    @property
+    def host_key_checking(self) -> bool:
+        """False where the inventory turned it off for this host (the sandbox's throwaway hosts)."""
+        value = self.vars.get("ansible_host_key_checking", True)
+        return str(value).lower() not in ("false", "no", "0", "off")
+
+
+def host_of(name: str, hv: Mapping[str, Any]) -> InventoryHost:
+    return InventoryHost(
+        name=name,
+        address=str(hv.get("ansible_host") or name),
+        user=hv.get("ansible_user"),
+        port=int(hv.get("ansible_port") or 22),
+        key_file=hv.get("ansible_ssh_private_key_file") or hv.get("ansible_private_key_file"),
+        vars=dict(hv),
+    )
+
+
+def hosts(inventory: Inventory = None, pattern: str = "forja_gpu") -> list[InventoryHost]:
+    """The hosts of a group (or "all"), with their connection variables."""
+    data = read(inventory)
+    return [host_of(name, data.hostvars.get(name, {})) for name in data.group_hosts(pattern)]
+
+
+def gcp_instances(inventory: Inventory = None) -> tuple[list[dict[str, Any]], list[str]]:
+    """Hostvars of every host that looks like a GCP instance (for `forja cost`), and the others' names."""
+    data = read(inventory)
+    found, skipped = [], []
+    for host, hv in sorted(data.hostvars.items()):
+        if (hv.get("machine_type") or hv.get("machineType")) and (hv.get("zone") or hv.get("gcp_zone")):
+            found.append({"name": host, **hv})
+        else:
+            skipped.append(host)
+    return found, skipped
+
+
+def stopped_error(host: InventoryHost, task: str = "", now: datetime | None = None) -> errors.HostStopped:
+    """The error for a stopped VM: since when (its record's `last_stop_timestamp`) and why if known."""
+    since = None
+    stamp = host.stopped_since
+    if stamp is not None:
+        ago = ((now or datetime.now(timezone.utc)) - stamp).total_seconds()
+        since = f"{stamp.astimezone(timezone.utc):%Y-%m-%d %H:%M} UTC, {_ago(ago)}"
+    return errors.HostStopped(host.name, host.status or "unknown", since, stop_reason(host), task=task)
+
+
+def stop_reason(host: InventoryHost) -> str | None:
+    """Why the VM stopped, where its record says: autostop's decision, kept outside the VM."""
+    reason = (host.vars.get("guest_attributes") or {}).get(STOP_REASON_ATTRIBUTE)
+    return f"autostop stopped it ({reason})" if reason else None
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 90:
+        return f"{max(0, round(seconds))} s ago"
+    if seconds < 90 * 60:
+        return f"{round(seconds / 60)} min ago"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h ago"
+    return f"{seconds / 86400:.1f} days ago"

@@ -3,18 +3,18 @@
 ansible-runner hands over "whatever Ansible emits" (runner issue #1243): nested dicts whose keys
 change between event kinds. Callers of the forja API get small frozen dataclasses instead, built
 in one place (`from_runner`), so a UI or a test matches on types, not on string keys.
-Training progress is an event too: while the train play waits, every retry of its state poll
-carries the newest metrics line, which becomes a `TrainProgress`.
+Training progress is an event too: while a play follows a run, every poll of its state carries
+a forja-train-state document (`forja.runstate`), which becomes a `TrainProgress`; documents are
+recognised by their schema key, not by the name of the task that printed them.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
-#: Name of the train play's polling task (roles/trainer_run/tasks/wait.yml); its retries carry metrics.
-WAIT_TASK = "Wait for the training run to finish"
+from forja import runstate
+
 #: Debug tasks whose message people should see as it happens (what is sent, which PyTorch, the result).
 ANNOUNCE_TASKS = ("Show what will be sent", "Say which PyTorch the run uses", "Show the run's result")
 
@@ -101,8 +101,11 @@ class TrainProgress(Event):
 
 @dataclass(frozen=True)
 class PlaybookFinished(Event):
+    """The recap; `artifact_data` is what the roles published with set_stats (the typed contract)."""
+
     playbook: str = ""
     stats: dict[str, dict[str, int]] = field(default_factory=dict)
+    artifact_data: dict[str, Any] = field(default_factory=dict, repr=False)
 
 
 def failure_message(res: dict[str, Any]) -> str:
@@ -125,29 +128,28 @@ def failure_message(res: dict[str, Any]) -> str:
 
 
 def _progress(counter: int, stdout: str, host: str, res: dict[str, Any]) -> TrainProgress | None:
-    try:
-        state = json.loads(res.get("stdout") or "")
-    except (TypeError, ValueError):
+    """A TrainProgress when a task's stdout is one run's state document (a poll of the run)."""
+    text = res.get("stdout")
+    if not isinstance(text, str) or runstate.SCHEMA_KEY not in text:
         return None
-    if not isinstance(state, dict):
+    state = runstate.parse(text)
+    if state is None:
         return None
-    last = state.get("last") or {}
-    loss = last.get("loss")
     return TrainProgress(
         counter=counter,
         stdout=stdout,
         host=host,
-        run=str(state.get("run", "")),
-        status=str(state.get("status", "")),
-        step=int(last.get("step") or 0),
-        total_steps=state.get("total_steps"),
-        loss=float(loss) if isinstance(loss, int | float) else None,
-        metrics=last,
+        run=state.run,
+        status=state.status,
+        step=state.step or 0,
+        total_steps=state.total_steps,
+        loss=state.loss,
+        metrics=dict(state.last or {}),
     )
 
 
 def from_runner(raw: dict[str, Any]) -> list[Event]:
-    """Typed events for one runner event dict (usually one; the wait task's poll adds a TrainProgress)."""
+    """Typed events for one runner event dict (usually one; a poll of a run's state adds a TrainProgress)."""
     kind = raw.get("event", "")
     data = raw.get("event_data") or {}
     counter = int(raw.get("counter") or 0)
@@ -168,10 +170,9 @@ def from_runner(raw: dict[str, Any]) -> list[Event]:
         changed = res.get("changed") if "changed" in res else stdout.strip().startswith("changed:")
         cls = TaskChanged if changed else TaskOk
         out: list[Event] = [cls(counter, stdout, host=host, task=task, action=action, result=res)]
-        if task == WAIT_TASK:
-            progress = _progress(counter, stdout, host, res)
-            if progress:
-                out.append(progress)
+        progress = _progress(counter, stdout, host, res)
+        if progress:
+            out.append(progress)
         return out
     if kind == "runner_on_skipped":
         return [TaskSkipped(counter, stdout, host=host, task=task)]
@@ -200,15 +201,16 @@ def from_runner(raw: dict[str, Any]) -> list[Event]:
                 retries=int(res.get("retries") or 0),
             )
         ]
-        if task == WAIT_TASK:
-            progress = _progress(counter, stdout, host, res)
-            if progress:
-                out.append(progress)
+        progress = _progress(counter, stdout, host, res)
+        if progress:
+            out.append(progress)
         return out
     if kind == "playbook_on_stats":
         stats = {
             key: dict(data.get(key) or {})
             for key in ("ok", "changed", "failures", "dark", "skipped", "rescued", "ignored", "processed")
         }
-        return [PlaybookFinished(counter, stdout, playbook=data.get("playbook", ""), stats=stats)]
+        artifact = data.get("artifact_data")
+        return [PlaybookFinished(counter, stdout, playbook=data.get("playbook", ""), stats=stats,
+                                 artifact_data=dict(artifact) if isinstance(artifact, dict) else {})]
     return []

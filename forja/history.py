@@ -4,20 +4,29 @@ A run is recorded *before* its playbook starts (status "running"), so a controll
 a preempted VM or a failed play leaves a row that says so instead of nothing. Later writes
 only update that row (`update`) or add to its event log (`record_event`); the cost guard
 records preemptions the same way.
+
+A row's status comes only from what a host reported (or from forja giving up on a play), never
+from elapsed time, so it stays true for runs of days. Runs that forja did not start (site.yml,
+`ansible-playbook playbooks/train.yml`, another controller) are added from the host's own state
+by `record_host_run`: the train playbook calls `python -m forja.history record` on the
+controller, and `forja status` adds every run a host reports.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sqlite3
+import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from forja import runstate
 from forja.errors import ConfigError, RunNotFound
 from forja.runner import forja_home
 
@@ -173,6 +182,48 @@ class History:
                     (int(data.get("lost_steps") or 0), run_id),
                 )
 
+    def record_host_run(
+        self,
+        state: runstate.RunState,
+        *,
+        hosts: Sequence[str],
+        config_path: str | None = None,
+        message: str | None = None,
+    ) -> bool:
+        """Add or bring up to date a run as its rank-0 host reports it; True when a row changed.
+
+        A run missing from the history (started by site.yml or another controller) is added with
+        the host's setup time as its start. A known run only takes the host's status when that is
+        final (a "running" host never overwrites what forja decided, e.g. "cancelled").
+        """
+        fields: dict[str, Any] = {"status": state.status if state.status in STATUSES else "unknown"}
+        fields.update(summary_fields(state.summary or {}))
+        try:
+            record = self.get(state.run)
+        except RunNotFound:
+            with self._lock, self._connect() as db:
+                db.execute(
+                    "INSERT OR IGNORE INTO runs (run_id, name, hosts, config_path, status, started_at,"
+                    " message) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (state.run, state.run, json.dumps(list(hosts)), config_path, fields["status"],
+                     state.configured_at or now(), message),
+                )
+                db.execute(
+                    "INSERT INTO run_events (run_id, time, kind, data) VALUES (?, ?, 'discovered', ?)",
+                    (state.run, now(), json.dumps({"hosts": list(hosts), "status": fields["status"]})),
+                )
+            record = self.get(state.run)
+            changed = True
+        else:
+            changed = False
+        if not state.final:
+            return changed
+        current = {k: getattr(record, k) for k in fields}
+        if current != fields or record.ended_at is None:
+            self.update(state.run, **fields, ended_at=record.ended_at or now())
+            changed = True
+        return changed
+
     def events(self, run_id: str) -> list[RunEvent]:
         with self._connect() as db:
             rows = db.execute(
@@ -215,6 +266,39 @@ class History:
         return [_record(r) for r in rows]
 
 
+def summary_fields(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """History columns from a trainer summary (summary.json): steps, loss, cost, preemptions."""
+    fields: dict[str, Any] = {}
+    for key, col, kind in (("steps", "steps", int), ("final_loss", "last_loss", float),
+                           ("cost_usd", "cost_usd", float), ("lost_steps", "lost_steps", int),
+                           ("preemptions", "preemptions", int)):
+        value = summary.get(key)
+        if isinstance(value, int | float):
+            fields[col] = kind(value)
+    return fields
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m forja.history record --state JSON --hosts a,b`: what the train playbook calls on the
+    controller so a run started outside forja (site.yml) is in `forja runs`. Prints changed/unchanged."""
+    parser = argparse.ArgumentParser(prog="python -m forja.history")
+    sub = parser.add_subparsers(dest="command", required=True)
+    rec = sub.add_parser("record", help="add or update a run from its rank-0 host's state document")
+    rec.add_argument("--state", required=True, help="the forja-train-state JSON of the run's rank-0 host")
+    rec.add_argument("--hosts", default="", help="comma-separated hosts of the run")
+    rec.add_argument("--config", default=None, help="the run's config path on the controller")
+    args = parser.parse_args(argv)
+    state = runstate.parse(args.state)
+    if state is None:
+        print(f"--state: not a forja-train-state document (needs {runstate.SCHEMA_KEY!r})", file=sys.stderr)
+        return 2
+    hosts = [h for h in args.hosts.split(",") if h]
+    changed = History().record_host_run(state, hosts=hosts, config_path=args.config or None,
+                                        message="started outside forja (ansible-playbook)")
+    print("changed" if changed else "unchanged")
+    return 0
+
+
 def _record(row: sqlite3.Row) -> RunRecord:
     return RunRecord(
         run_id=row["run_id"],
@@ -233,3 +317,7 @@ def _record(row: sqlite3.Row) -> RunRecord:
         lost_steps=row["lost_steps"],
         message=row["message"],
     )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -118,6 +118,8 @@ class RunResult:
     duration_s: float
     artifact_dir: Path | None
     events: list[ev.Event] = field(default_factory=list, repr=False, compare=False)
+    #: What the roles published with set_stats (ansible-runner's artifact data): forja's typed contract.
+    artifact_data: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -147,6 +149,7 @@ class _Collector:
         self.on_event = on_event
         self.events: list[ev.Event] = []
         self.stats: dict[str, dict[str, int]] = {}
+        self.artifact_data: dict[str, Any] = {}
         self.lock = threading.Lock()
 
     def __call__(self, raw: dict[str, Any]) -> bool:
@@ -155,6 +158,7 @@ class _Collector:
                 self.events.append(event)
                 if isinstance(event, ev.PlaybookFinished):
                     self.stats = event.stats
+                    self.artifact_data = event.artifact_data
             if self.on_event is not None:
                 try:
                     self.on_event(event)
@@ -199,6 +203,7 @@ def _result(request: PlaybookRun, runner: Any, collector: _Collector, started: f
         duration_s=round(time.monotonic() - started, 3),
         artifact_dir=artifact,
         events=list(collector.events),
+        artifact_data=dict(collector.artifact_data),
     )
 
 
@@ -222,6 +227,8 @@ def _runner_kwargs(request: PlaybookRun, extravars_file: Path | None, ident: str
         "quiet": True,
         "json_mode": False,
         "fact_cache_type": "",  # keep ansible.cfg's fact cache instead of a per-run one
+        # How often runner looks at the cancel callback: a Ctrl-C that detaches answers within a second.
+        "settings": {"pexpect_timeout": 1},
         "verbosity": request.verbosity or None,
     }
     if request.inventory:

@@ -52,6 +52,14 @@ def write_inventory(path: Path, hosts: dict[str, dict[str, object]]) -> Path:
     return path
 
 
+def ssh(host: testhosts.Host, command: str) -> str:
+    """Run a command on a test host as its login user (outside forja: what the test checks)."""
+    argv = ["ssh", "-i", str(host.key), "-o", "StrictHostKeyChecking=no",
+            "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+            f"{host.user}@{host.address}", command]
+    return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60).stdout
+
+
 def host_vars(host: testhosts.Host) -> dict[str, object]:
     return {
         "ansible_host": host.address,

@@ -11,8 +11,9 @@ from apihosts import ensure_wheelhouse
 from forja.sandbox import testhosts
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def th6() -> Iterator[testhosts.Host]:
+    """One th6 for every API test module: its PyTorch install is paid once per session."""
     if os.geteuid() != 0:
         pytest.skip("test hosts need root")
     ensure_wheelhouse()

@@ -39,20 +39,36 @@ def test_an_unreachable_host_is_its_own_event() -> None:
     assert e.host == "th9" and "Connection refused" in e.message
 
 
-def test_a_retry_of_the_wait_task_also_yields_train_progress() -> None:
-    state = {"run": "digits-1", "status": "running", "total_steps": 300,
-             "last": {"step": 120, "loss": 0.31, "lr": 0.002}}
-    res = {"attempts": 4, "retries": 720, "stdout": json.dumps(state)}
-    retry, progress = ev.from_runner(raw("runner_retry", host="th6", task=ev.WAIT_TASK, res=res))
+STATE = {"forja_train_state": 1, "run": "digits-1", "status": "running", "total_steps": 300,
+         "last": {"step": 120, "loss": 0.31, "lr": 0.002}}
+
+
+def test_a_poll_that_returns_a_run_state_also_yields_train_progress() -> None:
+    res = {"attempts": 4, "retries": 720, "stdout": json.dumps(STATE)}
+    retry, progress = ev.from_runner(raw("runner_retry", host="th6", task="Any wording", res=res))
     assert isinstance(retry, ev.TaskRetry) and retry.attempt == 4
     assert isinstance(progress, ev.TrainProgress)
     assert (progress.run, progress.step, progress.total_steps, progress.loss) == ("digits-1", 120, 300, 0.31)
 
 
-def test_other_tasks_retries_are_not_progress() -> None:
-    res = {"attempts": 1, "retries": 3, "stdout": "{}"}
+def test_the_last_poll_of_a_run_is_progress_too() -> None:
+    done = {**STATE, "status": "completed", "last": {"step": 300, "loss": 0.05}}
+    ok, progress = ev.from_runner(raw("runner_on_ok", host="th6", task="T", res={"stdout": json.dumps(done)}))
+    assert isinstance(ok, ev.TaskOk) and isinstance(progress, ev.TrainProgress)
+    assert (progress.status, progress.step) == ("completed", 300)
+
+
+def test_json_without_the_state_schema_key_is_not_progress() -> None:
+    unversioned = {k: v for k, v in STATE.items() if k != "forja_train_state"}
+    res = {"attempts": 1, "retries": 3, "stdout": json.dumps(unversioned)}
     events = ev.from_runner(raw("runner_retry", host="h", task="Install PyTorch", res=res))
     assert [type(e) for e in events] == [ev.TaskRetry]
+
+
+def test_the_recap_carries_what_the_roles_published_with_set_stats() -> None:
+    published = {"trainer_run_states": {"th6": [STATE]}}
+    (e,) = ev.from_runner(raw("playbook_on_stats", ok={"th6": 3}, artifact_data=published))
+    assert isinstance(e, ev.PlaybookFinished) and e.artifact_data == published
 
 
 def test_the_recap_becomes_playbook_finished_with_stats() -> None:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from forja import errors
+from forja import errors, runstate
 from forja.history import History
 
 
@@ -79,3 +83,59 @@ def test_two_history_objects_share_one_file(history: History) -> None:
     other = History(history.path)
     other.update("r1", status="preempted")
     assert history.get("r1").status == "preempted"
+
+
+def host_state(**fields: object) -> runstate.RunState:
+    doc = {"forja_train_state": 1, "run": "digits", "status": "completed", "node_rank": 0,
+           "configured_at": "2026-11-20T08:00:00+00:00",
+           "summary": {"steps": 300, "final_loss": 0.05, "cost_usd": 0.01}, **fields}
+    state = runstate.parse(json.dumps(doc))
+    assert state is not None
+    return state
+
+
+def test_a_run_started_outside_forja_is_added_from_its_host_state(history: History) -> None:
+    assert history.record_host_run(host_state(), hosts=["forja-l4"], config_path="/c/digits.yaml")
+    record = history.get("digits")
+    assert (record.status, record.steps, record.last_loss) == ("completed", 300, 0.05)
+    assert record.hosts == ["forja-l4"]
+    assert record.started_at == "2026-11-20T08:00:00+00:00", "its start is when the host set it up"
+    assert record.ended_at and [e.kind for e in history.events("digits")] == ["discovered"]
+
+
+def test_recording_the_same_host_state_again_changes_nothing(history: History) -> None:
+    history.record_host_run(host_state(), hosts=["forja-l4"])
+    assert not history.record_host_run(host_state(), hosts=["forja-l4"])
+
+
+def test_a_running_host_never_overwrites_what_forja_decided(history: History) -> None:
+    history.start("digits", name="digits")
+    history.update("digits", status="cancelled")
+    assert not history.record_host_run(host_state(status="running", summary=None), hosts=["th6"])
+    assert history.get("digits").status == "cancelled"
+    assert history.record_host_run(host_state(), hosts=["th6"])
+    assert history.get("digits").status == "completed"
+
+
+def test_the_train_playbook_s_record_command_adds_then_leaves_a_run(tmp_path: Path) -> None:
+    env = {**os.environ, "FORJA_HOME": str(tmp_path / "cli-home")}
+    state = json.dumps(host_state().model_dump(by_alias=True))
+    argv = [sys.executable, "-m", "forja.history", "record", "--state", state, "--hosts", "th6"]
+    first = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+    second = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+    assert (first.stdout.strip(), second.stdout.strip()) == ("changed", "unchanged")
+    assert History(tmp_path / "cli-home" / "history.sqlite").get("digits").status == "completed"
+
+
+def test_the_record_command_refuses_a_document_without_the_state_schema(tmp_path: Path) -> None:
+    env = {**os.environ, "FORJA_HOME": str(tmp_path / "cli-home")}
+    argv = [sys.executable, "-m", "forja.history", "record", "--state", '{"run": "x", "status": "completed"}']
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+    assert proc.returncode == 2 and "forja_train_state" in proc.stderr
+
+
+def test_states_are_read_from_what_the_role_published_per_host() -> None:
+    doc = host_state().model_dump(by_alias=True)
+    published = {"trainer_run_states": {"th7": [doc], "th6": [doc, {"not": "a state"}]}}
+    pairs = runstate.from_stats(published)
+    assert [(host, s.run) for host, s in pairs] == [("th6", "digits"), ("th7", "digits")]

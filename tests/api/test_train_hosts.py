@@ -7,12 +7,11 @@ share one generated host key (see forja/sandbox/testhosts.py).
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
-from apihosts import REPO, host_vars, write_inventory
+from apihosts import REPO, host_vars, ssh, write_inventory
 
 from forja import errors
 from forja import events as ev
@@ -23,13 +22,6 @@ from forja.sandbox import testhosts
 # The first test pays for booting th6 and installing PyTorch into it (minutes on a busy machine).
 pytestmark = [pytest.mark.hosts, pytest.mark.slow, pytest.mark.timeout(2400)]
 DIGITS = REPO / "trainer" / "configs" / "digits.yaml"
-
-
-def ssh(host: testhosts.Host, command: str) -> str:
-    argv = ["ssh", "-i", str(host.key), "-o", "StrictHostKeyChecking=no",
-            "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
-            f"{host.user}@{host.address}", command]
-    return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60).stdout
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,140 @@
+"""`forja train` flags: --script and its arguments after --, --detach, --timeout, and the checks that
+refuse bad input before anything is sent (typer's CliRunner in process; no host is contacted)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from forja.api import Forja, _plan_run
+from forja.cli import app
+from forja.errors import ConfigError, ExitCode
+from forja.history import History
+
+REPO = Path(__file__).resolve().parents[2]
+DIGITS = str(REPO / "trainer/configs/digits.yaml")
+runner = CliRunner()
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("FORJA_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    folder = tmp_path / "project"
+    (folder / "src").mkdir(parents=True)
+    (folder / "train.py").write_text("print('training')\n")
+    (folder / "src" / "loop.py").write_text("print('loop')\n")
+    return folder
+
+
+def error(result: object) -> dict:
+    return json.loads(result.stdout)  # type: ignore[attr-defined]
+
+
+def test_a_script_missing_from_the_project_is_refused_naming_the_path_and_the_fix(
+    home: Path, project: Path
+) -> None:
+    result = runner.invoke(app, ["--json", "train", "--script", "tran.py", "--project", str(project)])
+    assert result.exit_code == ExitCode.USAGE
+    err = error(result)
+    assert err["field"] == "script"
+    assert str(project / "tran.py") in err["message"] and "relative to the project folder" in err["message"]
+    assert History().list() == [], "bad input changes nothing"
+
+
+def test_a_script_outside_the_project_is_refused(home: Path, project: Path, tmp_path: Path) -> None:
+    (tmp_path / "elsewhere.py").write_text("")
+    result = runner.invoke(app, ["--json", "train", "--script", "../elsewhere.py", "--project", str(project)])
+    assert result.exit_code == ExitCode.USAGE
+    assert error(result)["field"] == "script" and "not inside the project" in error(result)["message"]
+
+
+def test_neither_a_config_nor_a_script_is_bad_usage(home: Path, project: Path) -> None:
+    result = runner.invoke(app, ["--json", "train", "--project", str(project)])
+    assert result.exit_code == ExitCode.USAGE
+    assert error(result)["field"] == "config" and "--script" in error(result)["message"]
+
+
+def test_arguments_after_the_double_dash_need_a_script(home: Path) -> None:
+    result = runner.invoke(app, ["--json", "train", DIGITS, "--", "--lr", "1"])
+    assert result.exit_code == ExitCode.USAGE
+    assert error(result)["field"] == "args"
+
+
+def test_everything_after_the_double_dash_belongs_to_the_script(home: Path, project: Path) -> None:
+    # The bad --name before `--` is what fails: `--name`, `--lr` after it never reach forja's options
+    # or its config argument.
+    result = runner.invoke(app, ["--json", "train", "--script", "train.py", "--project", str(project),
+                                 "--name", "bad name", "--", "--name", "x", "--lr", "3e-4"])
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert error(result)["field"] == "name"
+
+
+def test_a_negative_timeout_is_bad_usage(home: Path) -> None:
+    result = runner.invoke(app, ["--json", "train", DIGITS, "--timeout", "-5"])
+    assert result.exit_code == ExitCode.USAGE
+    assert error(result)["field"] == "timeout_s"
+    assert History().list() == []
+
+
+def test_zero_processes_is_bad_usage(home: Path) -> None:
+    result = runner.invoke(app, ["--json", "train", DIGITS, "--procs", "0"])
+    assert result.exit_code == ExitCode.USAGE
+    assert error(result)["field"] == "procs" and History().list() == []
+
+
+def test_a_wait_limit_given_with_e_is_checked_not_ignored(home: Path) -> None:
+    result = runner.invoke(app, ["--json", "-e", "trainer_run_wait_timeout_s=soon", "train", DIGITS])
+    assert result.exit_code == ExitCode.USAGE
+    assert error(result)["field"] == "trainer_run_wait_timeout_s"
+
+
+def test_the_script_and_its_arguments_become_the_role_s_command(project: Path) -> None:
+    plan = _plan_run(None, "src/loop.py", ["--lr", "3e-4"], project)
+    assert plan.extravars == {"trainer_run_command": ["src/loop.py", "--lr", "3e-4"]}
+    assert plan.name_source.stem == "loop", "the run name defaults from the script's name"
+
+
+def test_a_script_may_come_with_a_config(project: Path) -> None:
+    config = project / "c.yaml"
+    config.write_text(yaml.safe_dump({"steps": 1}))
+    plan = _plan_run(config, project / "train.py", [], project)
+    assert plan.extravars == {"trainer_run_config": str(config), "trainer_run_command": ["train.py"]}
+
+
+def test_a_script_needs_a_project_to_travel_with(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        _plan_run(None, "train.py", [], None)
+    assert info.value.field == "script" and "--project" in info.value.message
+
+
+def test_detach_exits_zero_and_prints_the_run_id_named_after_the_script(
+    home: Path, project: Path, tmp_path: Path
+) -> None:
+    # No GPU host in this inventory: the play starts nothing, and --detach returns what it started.
+    inventory = tmp_path / "inv.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"children": {"forja_gpu": {"hosts": {}}}}}))
+    result = runner.invoke(app, ["-i", str(inventory), "--json", "train", "--script", "train.py",
+                                 "--project", str(project), "--detach", "--", "--lr", "3e-4"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["run_id"].startswith("train-") and out["detached"] == "detach" and out["status"] == "running"
+    (record,) = History().list()
+    assert record.run_id == out["run_id"] and record.config_path == str(project / "train.py")
+
+
+def test_following_has_no_limit_unless_one_is_asked_for(tmp_path: Path) -> None:
+    f = Forja(project_dir=tmp_path, history=History(tmp_path / "h.sqlite"))
+    assert f._follow_limit(None) is None and f._follow_limit(0) is None
+    assert f._follow_limit(90) == 90
+    limited = Forja(project_dir=tmp_path, history=f.history, extravars={"trainer_run_wait_timeout_s": 7200})
+    assert limited._follow_limit(None) == 7200, "-e trainer_run_wait_timeout_s is the limit, not overridden"
+    assert limited._follow_limit(60) == 60, "an explicit --timeout wins"

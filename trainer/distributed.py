@@ -16,6 +16,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from trainer.config import ConfigError
+
 
 @dataclass(frozen=True)
 class World:
@@ -61,6 +63,15 @@ def setup(device_kind: str, timeout_s: float) -> World:
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device_kind == "cuda":
+        # one process per GPU: torchrun's LOCAL_RANK is this process's GPU on its host
+        visible = torch.cuda.device_count()
+        if local_rank >= visible:
+            shown = os.environ.get("CUDA_VISIBLE_DEVICES", "unset")
+            problem = (
+                f"LOCAL_RANK {local_rank} has no GPU: the host has {visible} (CUDA_VISIBLE_DEVICES={shown});"
+                f" start at most {visible} processes per host (trainer_run_nproc_per_node: auto counts them)"
+            )
+            raise ConfigError([problem])  # a restart would fail the same way: exit 2
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     else:

@@ -45,6 +45,20 @@ options:
       - Controller folder for bundles; created with mode 0700 when missing.
     type: path
     required: true
+  required:
+    description:
+      - Archive paths (C(prefix/relative/path)) that must be in the bundle, such as the script a run executes.
+      - One that is missing from its folder, or left out by O(excludes) or O(detect_secrets), fails the module
+        before any bundle is written, with a message naming the file and why.
+    type: list
+    elements: str
+    default: []
+  verify_only:
+    description:
+      - Only walk the folders and check O(required), without building or writing an archive (a cheap check
+        a role can make before it changes anything on a host). RV(path), RV(name) and RV(sha256) are empty.
+    type: bool
+    default: false
 attributes:
   check_mode:
     support: full
@@ -60,6 +74,7 @@ EXAMPLES = r"""
       - {path: ~/my-project, prefix: project}
     excludes: [.git, .env, "*.pem", __pycache__]
     dest: ~/.cache/forja/bundles
+    required: [project/train.py]  # the script the run executes must be sent
   delegate_to: localhost
   become: false
   register: bundle
@@ -185,6 +200,40 @@ def collect(sources: list[dict], patterns: list[str], detect: bool) -> tuple[lis
     return files, excluded, secrets
 
 
+def missing_required(
+    required: list[str],
+    files: list[tuple[str, str, bool]],
+    secrets: list[str],
+    sources: list[dict],
+    patterns: list[str],
+) -> list[str]:
+    """Why each required archive path is not packed (empty when all are), naming what left it out."""
+    packed = {name for name, _, _ in files}
+    problems = []
+    for want in required:
+        want = want.strip("/")
+        if want in packed:
+            continue
+        src = next((s for s in sources if want.startswith(s["prefix"].strip("/") + "/")), None)
+        where = os.path.join(src["path"], want[len(src["prefix"].strip("/")) + 1 :]) if src else want
+        if want in secrets:
+            problems.append(f"{want}: its content looks like a private key, so it is never sent")
+        elif src is not None and not os.path.isfile(os.path.expanduser(where)):
+            problems.append(f"{want}: {where} does not exist (or is not a file)")
+        else:
+            rel = want.split("/", 1)[1] if "/" in want else want
+            parts = rel.split("/")
+            hits = [
+                pat
+                for pat in patterns
+                for i in range(len(parts))
+                if is_excluded("/".join(parts[: i + 1]), parts[i], [pat])
+            ]
+            cause = f"the exclude pattern {hits[0]!r}" if hits else "a symlink or a special file"
+            problems.append(f"{want}: left out by {cause}; change the excludes or move the file")
+    return problems
+
+
 def _info(name: str, size: int, executable: bool) -> tarfile.TarInfo:
     info = tarfile.TarInfo(name)
     info.size = size
@@ -199,9 +248,10 @@ def write_archive(files: list[tuple[str, str, bool]], out: io.BufferedIOBase) ->
     """Reproducible tar.gz of `files` plus the manifest; returns the packed byte count."""
     total = 0
     manifest = json.dumps({"files": [name for name, _, _ in files]}, indent=1).encode()
-    with gzip.GzipFile(filename="", mode="wb", fileobj=out, mtime=0) as gz, tarfile.open(
-        fileobj=gz, mode="w", format=tarfile.PAX_FORMAT
-    ) as tar:
+    with (
+        gzip.GzipFile(filename="", mode="wb", fileobj=out, mtime=0) as gz,
+        tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
+    ):
         tar.addfile(_info(MANIFEST, len(manifest), False), io.BytesIO(manifest))
         for name, path, executable in files:
             size = os.path.getsize(path)
@@ -226,6 +276,8 @@ def main() -> None:
             "excludes": {"type": "list", "elements": "str", "default": []},
             "detect_secrets": {"type": "bool", "default": True},
             "dest": {"type": "path", "required": True},
+            "required": {"type": "list", "elements": "str", "default": []},
+            "verify_only": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )
@@ -236,6 +288,16 @@ def main() -> None:
         if not os.path.isdir(os.path.expanduser(src["path"])):
             module.fail_json(msg=f"sources[{i}].path: {src['path']!r} is not a folder on the controller")
     files, excluded, secrets = collect(sources, module.params["excludes"], module.params["detect_secrets"])
+    problems = missing_required(module.params["required"], files, secrets, sources, module.params["excludes"])
+    if problems:
+        module.fail_json(msg="the bundle would lack what the run needs: " + "; ".join(problems))
+    if module.params["verify_only"]:
+        total = sum(os.path.getsize(path) for _, path, _ in files)
+        empty = {"path": "", "name": "", "sha256": ""}
+        module.exit_json(
+            changed=False, files=len(files), bytes=total, size_human=human(total), excluded=len(excluded),
+            excluded_sample=excluded[:20], secrets_excluded=secrets, **empty,
+        )  # fmt: skip
 
     dest = module.params["dest"]
     os.makedirs(dest, mode=0o700, exist_ok=True)

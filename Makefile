@@ -28,8 +28,11 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[trainer,test]'
 	touch $@
 
+# The golden Ubuntu image, then the Deep Learning VM layer over it (the image's Python with
+# PyTorch 2.7.1; forja/sandbox/README.md). Both are cached in $(TH_BASE)/images: built once.
 golden: venv
 	$(PY) -m forja.sandbox.testhosts golden
+	$(PY) -m forja.sandbox.testhosts dlvm
 
 sandbox: setup
 	ansible-playbook site.yml

@@ -17,6 +17,8 @@ from forja.sandbox import testhosts
 
 FIRST_INDEX = 10
 LAST_INDEX = 19
+#: The image project whose instances boot the Deep Learning VM layer (the image's PyTorch).
+DLVM_IMAGE_PROJECT = "deeplearning-platform-release"
 
 
 class SandboxFull(RuntimeError):
@@ -27,6 +29,19 @@ def instance_key(instance: dict[str, Any]) -> str:
     """A stable key for an instance: its zone's short name and its own name."""
     zone = str(instance.get("zone", "")).rstrip("/").rsplit("/", 1)[-1]
     return f"{zone}/{instance['name']}"
+
+
+def image_of(instance: dict[str, Any]) -> str:
+    """`dlvm` for an instance whose boot disk comes from a Deep Learning VM image, else `golden`.
+
+    The disk's licenses name the image's project (the emulator sets them from the source image,
+    as Compute Engine does), so the host boots what the instance asked for.
+    """
+    for disk in instance.get("disks") or []:
+        licenses = disk.get("licenses") or []
+        if disk.get("boot") and any(f"/projects/{DLVM_IMAGE_PROJECT}/" in lic for lic in licenses):
+            return "dlvm"
+    return "golden"
 
 
 class TestHostBackend:
@@ -72,10 +87,12 @@ class TestHostBackend:
     def create(self, instance: dict[str, Any]) -> str:
         index = self._bind(instance)
         testhosts.down(index)  # a fresh disk, whatever an earlier instance left in this slot
-        return testhosts.up(index).address
+        return testhosts.up(index, image=image_of(instance)).address
 
     def start(self, instance: dict[str, Any]) -> str:
-        return testhosts.up(self._bind(instance)).address
+        # A stopped host boots its own layers again (th-up.sh keeps them); the image only matters
+        # for a slot whose disk is gone.
+        return testhosts.up(self._bind(instance), image=image_of(instance)).address
 
     def stop(self, instance: dict[str, Any]) -> None:
         index = self.index_of(instance)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import os
 import shutil
 import subprocess
@@ -19,6 +20,19 @@ from pathlib import Path
 SCRIPTS = Path(__file__).with_name("scripts")
 DEFAULT_NET = "10.213.0"
 RELEASES = ("jammy", "bookworm")
+#: What a host boots: the plain golden image, or the golden image with the Deep Learning VM layer.
+IMAGES = ("golden", "dlvm")
+#: What the Deep Learning VM family pytorch-2-7-cu128-ubuntu-2204-nvidia-570 ships where forja
+#: depends on it: PyTorch 2.7.1 for its Python 3.10 (shared/notes/nvidia-gcp-facts.md), installed
+#: by pip as root into that Python, with NumPy (which torch warns without) and the pip that did it
+#: (see the sandbox README).
+DLVM_REQUIREMENTS = ("torch==2.7.1", "numpy==2.2.6", "pip==25.3")
+#: The wheels' target: the image's Python (jammy's 3.10) on x86-64 Linux.
+WHEEL_PLATFORM_ARGS = (
+    "--only-binary=:all:", "--python-version", "3.10", "--implementation", "cp",
+    "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64",
+    "--platform", "manylinux2014_x86_64", "--platform", "any",
+)
 
 
 class TestHostError(RuntimeError):
@@ -121,10 +135,75 @@ def ensure_golden(release: str | None = None) -> Path:
     raise TestHostError("no golden image could be built:\n" + "\n".join(errors))
 
 
-def up(index: int, release: str | None = None) -> Host:
-    """Boot host `th<index>` (idempotent) and return how to reach it."""
+def wheelhouse_dir() -> Path:
+    """The folder of wheels every host mounts read-only (inside: /var/cache/forja-pip/wheelhouse)."""
+    return base_dir() / "pip-cache" / "wheelhouse"
+
+
+def ensure_wheelhouse(requirements: tuple[str, ...]) -> Path:
+    """Download ``requirements`` (and their dependencies) once, as Python 3.10 x86-64 wheels.
+
+    PyPI's responses are not cacheable through this machine's egress, so a wheelhouse on disk is
+    what makes the second and later installs local. A marker named by the list's hash records that
+    this list is complete; other lists (the tests' own) share the folder and the files.
+    """
+    folder = wheelhouse_dir()
+    marker = folder / f".complete-{hashlib.sha256(' '.join(sorted(requirements)).encode()).hexdigest()[:12]}"
+    if marker.exists():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    cert = Path("/etc/ssl/certs/ca-certificates.crt")
+    _run([sys.executable, "-m", "pip", "download", "--isolated", "--disable-pip-version-check",
+          *(["--cert", str(cert)] if cert.exists() else []), *WHEEL_PLATFORM_ARGS,
+          "--progress-bar", "off", "--resume-retries", "10", "-d", str(folder), *requirements],
+         f"downloading {' '.join(requirements)} into {folder}")
+    marker.touch()
+    return folder
+
+
+def dlvm_dir(release: str) -> Path:
+    return base_dir() / "images" / f"dlvm-{release}"
+
+
+def ensure_dlvm(release: str | None = None) -> Path:
+    """Return the Deep Learning VM layer (built once over the golden image; ~5 GB, cached).
+
+    Only for Ubuntu jammy: the real image is Ubuntu 22.04 with Python 3.10, and the wheels are
+    built for that Python.
+    """
     golden = ensure_golden(release)
-    _run([str(SCRIPTS / "th-up.sh"), str(index), str(golden)], f"booting th{index}")
+    rel = golden.name.removeprefix("golden-")
+    if rel != "jammy":
+        raise TestHostError(f"the Deep Learning VM layer needs the jammy golden image (Python 3.10); "
+                            f"this machine has {rel}")
+    layer = dlvm_dir(rel)
+    if (layer / "usr").is_dir():
+        return layer
+    wheels = ensure_wheelhouse(DLVM_REQUIREMENTS)
+    pip_version = next(r.split("==")[1] for r in DLVM_REQUIREMENTS if r.startswith("pip=="))
+    pip_wheel = f"pip-{pip_version}-py3-none-any.whl"
+    _run([str(SCRIPTS / "build-dlvm.sh"), str(golden), str(layer), str(wheels), pip_wheel,
+          *DLVM_REQUIREMENTS], "building the Deep Learning VM layer")
+    return layer
+
+
+def lowerdirs(image: str = "golden", release: str | None = None) -> str:
+    """The overlay lower layers a host of ``image`` boots from, top first, as overlayfs takes them."""
+    if image not in IMAGES:
+        raise TestHostError(f"image={image!r} is not one of {', '.join(IMAGES)}")
+    golden = ensure_golden(release)
+    if image == "dlvm":
+        return f"{ensure_dlvm(release)}:{golden}"
+    return str(golden)
+
+
+def up(index: int, release: str | None = None, image: str = "golden") -> Host:
+    """Boot host `th<index>` (idempotent) and return how to reach it.
+
+    ``image="dlvm"`` adds the Deep Learning VM layer (the image's Python with PyTorch). A host
+    keeps the layers it was first booted with until it is removed, as a VM keeps its boot disk.
+    """
+    _run([str(SCRIPTS / "th-up.sh"), str(index), lowerdirs(image, release)], f"booting th{index}")
     return Host(index, f"th{index}", address(index), "ansible", key_path())
 
 
@@ -172,7 +251,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m forja.sandbox.testhosts", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("golden", help="build or extract the golden image")
+    sub.add_parser("dlvm", help="build the Deep Learning VM layer over the golden image")
+    p_wheels = sub.add_parser("wheelhouse", help="download Python 3.10 wheels once for the hosts")
+    p_wheels.add_argument("requirement", nargs="+")
     p_up = sub.add_parser("up", help="boot hosts")
+    p_up.add_argument("--image", choices=IMAGES, default="golden",
+                      help="golden, or dlvm: the golden image plus the Deep Learning VM layer")
     p_up.add_argument("index", type=int, nargs="+")
     p_stop = sub.add_parser("stop", help="halt hosts, keeping their disks")
     p_stop.add_argument("index", type=int, nargs="+")
@@ -184,9 +268,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "golden":
             print(ensure_golden())
+        elif args.cmd == "dlvm":
+            print(ensure_dlvm())
+        elif args.cmd == "wheelhouse":
+            print(ensure_wheelhouse(tuple(args.requirement)))
         elif args.cmd == "up":
             for i in args.index:
-                h = up(i)
+                h = up(i, image=args.image)
                 print(f"{h.name} {h.address}")
         elif args.cmd == "stop":
             for i in args.index:

@@ -1,13 +1,20 @@
 #!/bin/bash
-# th-up.sh N GOLDEN_DIR
+# th-up.sh N IMAGE_DIRS
 # Boots host "thN" (systemd-nspawn, systemd as PID 1) in its own network namespace at ${TH_NET}.(10+N),
 # on bridge thbr0 with NAT to the uplink. Idempotent: a host that is already up is left alone.
+# IMAGE_DIRS is the golden image folder, or several layers joined by ':' with the top one first
+# (overlayfs's lowerdir syntax), e.g. the Deep Learning VM layer over the golden image.
 set -euo pipefail
 N=$1; IMG=$2
 TH_BASE=${TH_BASE:?}; TH_NET=${TH_NET:-10.213.0}; KEY=${TH_KEY:-$TH_BASE/ssh/id_ed25519}
 NS=th$N; IP=$TH_NET.$((10+N)); H=$TH_BASE/hosts/$NS; R=$H/root
 if [ -f "$H/pid" ] && kill -0 "$(cat "$H/pid")" 2>/dev/null; then echo "$NS $IP already up"; exit 0; fi
-[ -d "$IMG/etc" ] || { echo "th-up.sh: golden image folder '$IMG' has no etc/: build it first" >&2; exit 2; }
+mkdir -p "$H"
+# A stopped host boots again from the layers it was created with, as a VM keeps its boot disk.
+if [ -s "$H/lowerdir" ]; then IMG=$(cat "$H/lowerdir"); else echo "$IMG" > "$H/lowerdir"; fi
+IFS=: read -ra LAYERS <<< "$IMG"
+for L in "${LAYERS[@]}"; do [ -d "$L/usr" ] || { echo "th-up.sh: image layer '$L' is missing: build it first" >&2; exit 2; }; done
+[ -d "${LAYERS[-1]}/etc" ] || { echo "th-up.sh: golden image folder '${LAYERS[-1]}' has no etc/: build it first" >&2; exit 2; }
 mkdir -p "$H/upper" "$H/work" "$R"; install -d -m 1777 "$H/tmp"   # /tmp on disk, as on a VM
 install -d -m 1777 "$TH_BASE/pip-cache"
 mountpoint -q "$R" || mount -t overlay overlay -o "lowerdir=$IMG,upperdir=$H/upper,workdir=$H/work" "$R"

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,6 +20,7 @@ import websocket
 import yaml
 
 from forja.colab import ColabRefused, run_via_direct, run_via_http_over_ws
+from forja.sandbox import testhosts
 from forja.tunnel import Tunnel, ssh_tunnel
 
 PORT = 18801  # converge.yml's jupyter_colab_port
@@ -25,6 +28,24 @@ TOKEN_FILE = "/var/lib/forja/jupyter/token"
 CONFIG_FILE = "/etc/forja/jupyter/jupyter_notebook_config.json"
 VENV_PYTHON = "/opt/forja/jupyter/bin/python"
 EVIL_ORIGIN = "https://evil.example.com"
+KERNEL_ENV = "/home/jupyter/kernels/python3"  # the default kernel's environment (jupyter_colab_kernels_dir)
+IMAGE_TORCH = "/usr/local/lib/python3.10/dist-packages/torch"  # where the dlvm layer keeps PyTorch
+SMALL_PACKAGE = "termcolor==2.4.0"  # small, pure Python, not in the image
+# A first Colab cell: the interpreter, PyTorch, and a few training steps.
+TORCH_CELL = """
+import sys, torch
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(256, 4)
+y = x.sum(dim=1, keepdim=True)
+for _ in range(100):
+    opt.zero_grad()
+    loss = ((model(x) - y) ** 2).mean()
+    loss.backward()
+    opt.step()
+print(sys.executable, torch.__version__, torch.__file__, torch.cuda.device_count(), loss.item() < 0.01)
+"""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -225,6 +246,87 @@ def test_unequal_tunnel_ports_break_http_over_ws_but_not_direct(instance: dict, 
 
 
 # --------------------------------------------------------------------------------------------------
+# The kernel is the image's PyTorch
+
+
+@pytest.mark.parametrize("run", [run_via_http_over_ws, run_via_direct], ids=["http_over_ws", "direct"])
+def test_the_default_kernel_imports_the_images_pytorch_and_trains(tunnel: Tunnel, token: str, run):
+    out = run(tunnel.base_url, token, TORCH_CELL, timeout_s=120)
+    executable, version, torch_file, gpus, learned = out.split()
+    assert executable == f"{KERNEL_ENV}/bin/python"
+    assert version.startswith("2.7.1")
+    assert torch_file.startswith(IMAGE_TORCH), "the kernel must use the image's PyTorch, not a copy"
+    assert gpus == "0"  # the test host has no GPU; on the L4 this is the GPU count
+    assert learned == "True"
+
+
+def test_kernel_specs_make_the_pytorch_kernel_the_default_and_add_the_extra_one(tunnel: Tunnel, token: str):
+    specs = requests.get(f"{tunnel.base_url}/api/kernelspecs", params={"token": token}, timeout=10).json()
+    assert specs["default"] == "python3"
+    default = specs["kernelspecs"]["python3"]["spec"]
+    assert default["argv"][0] == f"{KERNEL_ENV}/bin/python"
+    assert default["env"]["PIP_CONSTRAINT"] == f"{KERNEL_ENV}/forja-constraints.txt"
+    assert "PyTorch 2.7.1" in default["display_name"]
+    extra = specs["kernelspecs"]["torch-extra"]["spec"]
+    assert extra["argv"][0] == "/home/jupyter/kernels/torch-extra/bin/python"
+
+
+def test_kernel_environments_belong_to_the_user_and_their_specs_to_root(host):
+    with host.sudo():
+        assert host.file(KERNEL_ENV).user == "jupyter"
+        assert host.file(f"{KERNEL_ENV}/lib/python3.10/site-packages").user == "jupyter"
+        spec = host.file("/opt/forja/jupyter-kernels/kernels/python3/kernel.json")
+        assert spec.user == "root" and spec.mode == 0o644
+        constraint = host.file(f"{KERNEL_ENV}/forja-constraints.txt").content_string
+        assert "torch==2.7.1" in constraint.splitlines()
+        assert not host.file(f"{KERNEL_ENV}/lib/python3.10/site-packages/torch").exists
+
+
+def test_pip_install_from_a_notebook_lands_in_the_kernel_environment(tunnel: Tunnel, token: str):
+    cell = f"%pip install --progress-bar off {SMALL_PACKAGE}"
+    out = run_via_direct(tunnel.base_url, token, cell, timeout_s=180)
+    assert "Successfully installed termcolor" in out or "already satisfied" in out, out
+    where = run_via_http_over_ws(tunnel.base_url, token,
+                                 "import termcolor, torch; print(termcolor.__file__, torch.__file__)").split()
+    assert where[0].startswith(f"{KERNEL_ENV}/lib/python3.10/site-packages/")
+    assert where[1].startswith(IMAGE_TORCH)
+
+
+def test_pip_in_a_notebook_cannot_replace_the_images_pytorch(host, tunnel: Tunnel, token: str):
+    cell = "%pip install --progress-bar off torch==2.6.0"
+    out = run_via_direct(tunnel.base_url, token, cell, timeout_s=180)
+    assert "Successfully installed" not in out
+    assert "torch==2.6.0" in out and ("conflict" in out.lower() or "constraint" in out.lower()), out
+    after = run_via_direct(tunnel.base_url, token, "import torch; print(torch.__version__, torch.__file__)")
+    assert after.split()[1].startswith(IMAGE_TORCH)
+    assert _sudo(host, f"runuser -u jupyter -- {KERNEL_ENV}/bin/python -m pip check").startswith("No broken")
+
+
+def test_a_kernel_interpreter_without_pytorch_is_refused_before_anything_changes(instance: dict,
+                                                                                  tmp_path: Path):
+    """Bad input: the server's own venv has no torch; naming it stops the play with the variable's name."""
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"th1": {
+        "ansible_host": instance["address"], "ansible_user": instance["user"],
+        "ansible_ssh_private_key_file": instance["identity_file"],
+        "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null"}}}}))
+    play = tmp_path / "play.yml"
+    play.write_text(yaml.safe_dump([{"name": "Apply the role", "hosts": "all", "become": True,
+                                     "gather_facts": False, "roles": ["jupyter_colab"]}]))
+    repo = Path(os.environ["MOLECULE_PROJECT_DIRECTORY"])
+    env = {**os.environ, "ANSIBLE_CONFIG": str(repo / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+           "ANSIBLE_ROLES_PATH": str(repo / "roles"), "ANSIBLE_LIBRARY": str(repo / "plugins" / "modules"),
+           "ANSIBLE_FILTER_PLUGINS": str(repo / "plugins" / "filter")}
+    run = subprocess.run(
+        [str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(inventory), str(play),
+         "-e", f"jupyter_colab_kernel_python={VENV_PYTHON}", "-e", f"jupyter_colab_port={PORT}"],
+        cwd=repo, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode != 0
+    assert f"jupyter_colab_kernel_python={VENV_PYTHON} has no PyTorch" in run.stdout, run.stdout[-3000:]
+    assert "changed=0" in run.stdout
+
+
+# --------------------------------------------------------------------------------------------------
 # Where the token must never show up (after the Colab-like sessions above)
 
 
@@ -261,3 +363,37 @@ def test_service_comes_back_after_a_crash(host, tunnel: Tunnel, token: str):
     else:
         pytest.fail("forja-jupyter did not come back within 60 s of being killed")
     assert run_via_direct(tunnel.base_url, token, "print(1+1)") == "2\n"
+
+
+def test_kernel_packages_survive_a_restart_of_the_service_and_of_the_host(host, instance: dict,
+                                                                          tunnel: Tunnel, token: str):
+    """Last: it restarts the server, then halts and boots the host (its disk kept, as a stopped VM).
+
+    After the reboot the module's tunnel is gone with the old sshd, so a new one (on another local
+    port: the old one may still hold ours) carries Colab's direct path.
+    """
+    _sudo(host, "systemctl restart forja-jupyter")
+    _wait_listening(host)
+    assert run_via_direct(tunnel.base_url, token, "import termcolor; print('ok')") == "ok\n"
+    testhosts.stop(1)
+    testhosts.up(1, image="dlvm")
+    deadline = time.monotonic() + 120
+    while True:  # the unit starts at boot; the tunnel needs sshd and the server
+        try:
+            with _tunnel(instance, PORT + 2000) as after_boot:
+                out = run_via_direct(after_boot.base_url, token,
+                                     "import termcolor, torch; print(torch.__version__)", timeout_s=60)
+            break
+        except (OSError, RuntimeError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(2)
+    assert out.startswith("2.7.1")
+
+
+def _wait_listening(host, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not host.socket(f"tcp://127.0.0.1:{PORT}").is_listening:
+        if time.monotonic() > deadline:
+            pytest.fail(f"forja-jupyter did not listen on {PORT} within {timeout_s} s")
+        time.sleep(1)

@@ -1,15 +1,20 @@
 """What the trainer_run role leaves on the two hosts after a 2-node torchrun of the digits demo.
 
-th3 is rank 0 (rendezvous host, PyTorch installed into the venv), th4 is rank 1 (reuses the
-system-wide PyTorch that prepare.yml installed, as it would reuse the Deep Learning VM's).
+th3 is rank 0 (rendezvous host, plain Ubuntu: PyTorch installed into the venv), th4 is rank 1 (the
+Deep Learning VM layer: the role finds the image's PyTorch and layers the trainer on it). The
+project's requirements.txt went into an environment of its own on both.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
+
+import yaml
 
 RUN = "digits-2node"
 OUT = f"/var/lib/forja/runs/{RUN}"
@@ -38,7 +43,7 @@ def env(host) -> dict[str, str]:
 def test_the_unit_template_restarts_crashes_but_not_bad_configs(host) -> None:
     unit = host.file("/etc/systemd/system/forja-train@.service").content_string
     assert "Restart=on-failure" in unit
-    assert "RestartPreventExitStatus=2 75" in unit
+    assert "RestartPreventExitStatus=2 4 5 6 75" in unit  # trainer/exit_codes.py NO_RESTART
     assert "ExecCondition=/usr/local/lib/forja/forja-train-launch --check" in unit
     assert "User=forja-train" in unit
 
@@ -73,16 +78,75 @@ def test_both_ranks_trained_together_and_agree_on_the_result(host) -> None:
         assert not exists(host, f"{OUT}/summary.json"), "only rank 0 writes the run files"
 
 
-def test_an_existing_fitting_pytorch_is_reused_else_installed_into_the_venv(host) -> None:
-    cfg = host.file("/opt/forja/trainer-venv/pyvenv.cfg").content_string
-    venv_torch = host.file("/opt/forja/trainer-venv/lib/python3.10/site-packages/torch").exists
+IMAGE_TORCH = "/usr/local/lib/python3.10/dist-packages/torch"  # where the dlvm layer keeps PyTorch
+TRAINER_ENV = "/opt/forja/trainer-venv"
+
+
+def python_says(host, python: str, code: str) -> list[str]:
+    return host.check_output(f"{python} -W ignore -c {code!r}").split()
+
+
+def test_the_images_pytorch_is_found_and_layered_on_else_installed_into_the_venv(host) -> None:
+    version, torch_file = python_says(host, f"{TRAINER_ENV}/bin/python",
+                                      "import torch; print(torch.__version__, torch.__file__)")
+    assert version.startswith("2.7.1")
+    own_torch = host.file(f"{TRAINER_ENV}/lib/python3.10/site-packages/torch").exists
+    pins = host.file(f"{TRAINER_ENV}/forja-constraints.txt").content_string.splitlines()
     if name(host) == "th4":
-        assert "include-system-site-packages = true" in cfg and not venv_torch
+        assert torch_file.startswith(IMAGE_TORCH) and not own_torch
+        assert "torch==2.7.1" in pins, "the image's torch must be pinned"
     else:
-        assert "include-system-site-packages = false" in cfg and venv_torch
-    python = "/opt/forja/trainer-venv/bin/python"
-    version = host.check_output(f"{python} -c 'import torch; print(torch.__version__)'")
-    assert version.startswith("2.7.")
+        assert own_torch and torch_file.startswith(TRAINER_ENV)
+        assert not [line for line in pins if line.startswith("torch")]
+
+
+def test_the_projects_requirements_run_in_an_environment_named_by_their_hash(host) -> None:
+    python = env(host)["FORJA_PYTHON"]
+    folder = python.removesuffix("/bin/python")
+    assert folder.startswith("/opt/forja/envs/") and len(folder.rsplit("/", 1)[1]) == 16
+    tabulate, torch_file = python_says(host, python,
+                                       "import tabulate, torch; print(tabulate.__file__, torch.__file__)")
+    assert tabulate.startswith(f"{folder}/lib/python3.10/site-packages/")
+    image_or_trainer = IMAGE_TORCH if name(host) == "th4" else TRAINER_ENV
+    assert torch_file.startswith(image_or_trainer), "torch is never replaced"
+    assert host.file(f"{folder}.requirements.txt").contains("tabulate==0.9.0")
+    assert host.run(f"{python} -m pip check").rc == 0
+
+
+def test_a_bad_requirements_file_stops_before_the_run_and_leaves_nothing(host, tmp_path) -> None:
+    """Bad input, on th3 only: a second play with an unresolvable requirements.txt and a new run name."""
+    if name(host) != "th3":
+        return
+    before = host.check_output("ls /opt/forja/envs")
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "requirements.txt").write_text("no-such-package-forja-molecule==1.0\n")
+    eph = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"])
+    instance = next(e for e in yaml.safe_load(Path(os.environ["MOLECULE_INSTANCE_CONFIG"]).read_text())
+                    if e["instance"] == "th3")
+    (tmp_path / "inventory.yml").write_text(yaml.safe_dump({"all": {"hosts": {"th3": {
+        "ansible_host": instance["address"], "ansible_user": instance["user"],
+        "ansible_ssh_private_key_file": instance["identity_file"],
+        "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null"}}}}))
+    (tmp_path / "play.yml").write_text(yaml.safe_dump([{
+        "name": "Train with a bad requirements file", "hosts": "all", "become": True, "gather_facts": False,
+        "vars": {"trainer_run_config": str(eph / "digits-2node.yaml"), "trainer_run_name": "digits-badreq",
+                 "trainer_run_trainer_src": str(eph / "trainer"), "trainer_run_project_dir": str(project),
+                 "trainer_run_bundle_cache": str(eph / "bundles"), "trainer_run_wait": False,
+                 "trainer_run_pip_extra_args": "--find-links /var/cache/forja-pip/wheelhouse"},
+        "roles": ["trainer_run"]}]))
+    repo = Path(os.environ["MOLECULE_PROJECT_DIRECTORY"])
+    run = subprocess.run(
+        [str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(tmp_path / "inventory.yml"),
+         str(tmp_path / "play.yml")], cwd=repo, capture_output=True, text=True, timeout=600, check=False,
+        env={**os.environ, "ANSIBLE_CONFIG": str(repo / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+             "ANSIBLE_ROLES_PATH": str(repo / "roles"), "ANSIBLE_LIBRARY": str(repo / "plugins" / "modules"),
+             "ANSIBLE_FILTER_PLUGINS": str(repo / "plugins" / "filter")})
+    assert run.returncode != 0
+    assert f"{project}/requirements.txt does not install on th3" in run.stdout, run.stdout[-3000:]
+    assert "no-such-package-forja-molecule" in run.stdout
+    assert host.check_output("ls /opt/forja/envs") == before, "nothing of the bad file may be left"
+    assert not host.file("/etc/forja/train/digits-badreq.env").exists
 
 
 def test_the_project_arrives_without_secrets_and_junk(host) -> None:

@@ -31,9 +31,10 @@ from trainer import distributed, exit_codes, metrics
 from trainer import resume as resume_rules
 from trainer.batch_finder import find_batch, free_memory, is_oom, model_fingerprint
 from trainer.batches import correct_count, to_device
-from trainer.checkpoint import CheckpointManager, NoValidCheckpoint, rng_state, set_rng_state
+from trainer.checkpoint import CheckpointManager, NoValidCheckpoint, fsync_dir, rng_state, set_rng_state
 from trainer.config import ConfigError, TrainConfig, dump, field_docs
 from trainer.data import (
+    BatchPlan,
     epoch_iterator,
     eval_batches,
     largest_divisor_plan,
@@ -50,6 +51,10 @@ from trainer.preemption import StopRequest
 from trainer.runtime import Runtime, compile_cache_dir, prepare
 
 log = logging.getLogger(__name__)
+
+#: Under DDP, the micro-batch an OOM lowered, left in the output folder for the restart (see
+#: write_oom_record): the rank that ran out of memory cannot retry alone, its peers wait in a collective.
+OOM_RECORD = "oom.json"
 
 
 @dataclass
@@ -163,6 +168,59 @@ def clip_gradients(params: list[torch.Tensor], max_norm: float, device: torch.de
     total = torch.nn.utils.get_total_norm(grads)
     if float(total) > max_norm:
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+
+
+def lower_micro_batch(plan: BatchPlan) -> BatchPlan:
+    """After an OOM: the next smaller micro-batch that divides the per-process batch (32 -> 16 x 2).
+
+    The global batch stays the same through accumulation, so the run's optimisation is unchanged.
+    One rule for both ways out: a single process goes on at once, a DDP run after its restart.
+    """
+    return largest_divisor_plan(plan.micro_batch - 1, plan.global_batch, plan.world_size)
+
+
+def oom_at_micro_batch_1(step: int, exc: BaseException) -> UserCodeError:
+    """Nothing smaller to try: a restart would fail the same way, so it is the user's to fix."""
+    return UserCodeError(
+        f"out of memory at step {step} with micro-batch 1 (one sample per process): the model does not "
+        f"fit; use a smaller model or sequence, precision: bf16, or a GPU with more memory ({exc})"
+    )
+
+
+def write_oom_record(out: Path, record: dict[str, Any]) -> None:
+    """Leave ``record`` in ``out/oom.json`` for the restart: the file is the old one or the whole new one."""
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f"{OOM_RECORD}.tmp-{os.getpid()}"
+    with open(tmp, "w") as handle:
+        json.dump(record, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, out / OOM_RECORD)
+    fsync_dir(out)
+
+
+def read_oom_record(out: Path) -> dict[str, Any] | None:
+    """The record an OOM under DDP left (None without one; an unreadable one is reported and ignored)."""
+    try:
+        record = json.loads((out / OOM_RECORD).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("ignoring %s, which cannot be read (%s)", out / OOM_RECORD, exc)
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def newest_oom_lowering(global_batch: int, *sources: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Of the sources (a checkpoint's state, an OOM record) that carry an OOM's lowered micro-batch for
+    this global batch, the one with the lowest (micro-batches only go down, so it is the newest; a tie
+    goes to the first)."""
+    kept = [
+        s
+        for s in sources
+        if s and int(s.get("oom_micro_batch", 0)) > 0 and int(s.get("global_batch", 0)) == global_batch
+    ]
+    return min(kept, key=lambda s: int(s["oom_micro_batch"]), default=None)
 
 
 def history(events_path: Path) -> dict[str, Any]:
@@ -296,8 +354,9 @@ def _train(rt: Runtime, out: Path, on_step: Callable[[int], None] | None, starte
     ckpts = CheckpointManager(out / "checkpoints", keep=config.keep_checkpoints)
     state: dict[str, Any] | None = None
     skipped: list[str] = []
-    resumed_file, no_valid = "", None
+    resumed_file, no_valid, oom_record = "", None, None
     if main:
+        oom_record = read_oom_record(out)
         for stale in ckpts.remove_stale_temporaries():
             log.warning("removed a checkpoint a killed writer left half-written: %s", stale.name)
         try:
@@ -311,25 +370,29 @@ def _train(rt: Runtime, out: Path, on_step: Callable[[int], None] | None, starte
         else:
             skipped = [p.name for p in ckpts.corrupt()]
     if world.distributed:
-        box = [(state, no_valid, resumed_file)]
+        box = [(state, no_valid, resumed_file, oom_record)]
         torch.distributed.broadcast_object_list(box, src=0)
-        state, no_valid, resumed_file = box[0]
+        state, no_valid, resumed_file, oom_record = box[0]
     if no_valid is not None:
         raise NoValidCheckpoint(no_valid)
     model_code = model_fingerprint(rt.model_fn)
     config_changes: list[str] = []
     oom_fallbacks: list[dict[str, int]] = []
     step, epoch, step_in_epoch, carried_wall = 0, 0, 0, 0.0
+    # An OOM lowered the micro-batch in an earlier session: starting high again would OOM again. The
+    # checkpoint keeps it, and under DDP so does the failing rank's record; the lower one is the newer
+    # (a tie goes to the checkpoint: the record was applied and saved already).
+    lowered = newest_oom_lowering(plan.global_batch, state, oom_record)
+    oom_restart: dict[str, Any] | None = None  # the record, when it is what lowers the micro-batch now
+    if lowered is not None and int(lowered["oom_micro_batch"]) < plan.micro_batch:
+        plan = largest_divisor_plan(int(lowered["oom_micro_batch"]), plan.global_batch, world.size)
+        sampler = make_position(rt.train_data, plan, world.rank, config.seed)
+        loader, loader_gen = make_loader(rt.train_data, sampler, rt.num_workers, rt.pin_memory, collate)
+        resolved = resolved.model_copy(update={"batch_size": plan.micro_batch})
+        oom_fallbacks = list(lowered.get("oom_fallbacks", []))
+        oom_restart = lowered if lowered is oom_record else None
+        log.info("keeping micro-batch %d x %d, lowered after an OOM", plan.micro_batch, plan.accum_steps)
     if state is not None:
-        oom_micro = int(state.get("oom_micro_batch", 0))
-        if 0 < oom_micro < plan.micro_batch and int(state.get("global_batch", 0)) == plan.global_batch:
-            # an OOM lowered the micro-batch in an earlier session: starting high again would OOM again
-            plan = largest_divisor_plan(oom_micro, plan.global_batch, world.size)
-            sampler = make_position(rt.train_data, plan, world.rank, config.seed)
-            loader, loader_gen = make_loader(rt.train_data, sampler, rt.num_workers, rt.pin_memory, collate)
-            resolved = resolved.model_copy(update={"batch_size": plan.micro_batch})
-            oom_fallbacks = list(state.get("oom_fallbacks", []))
-            log.info("keeping micro-batch %d x %d, lowered after an OOM", plan.micro_batch, plan.accum_steps)
         changes = resume_rules.compare(
             state.get("config", {}), resolved.to_dict(), {k: d for k, (d, _) in field_docs().items()}
         )
@@ -399,6 +462,10 @@ def _train(rt: Runtime, out: Path, on_step: Callable[[int], None] | None, starte
             world_size=world.size,
             config_changes=config_changes,
         )
+    if oom_restart is not None and oom_fallbacks:
+        last_oom = oom_fallbacks[-1]
+        event("oom", from_micro_batch=last_oom["from"], micro_batch=plan.micro_batch, accum=plan.accum_steps,
+              rank=oom_restart.get("rank"), failed_at_step=last_oom["step"])  # fmt: skip
     resumed_from = step if restarted else None
     if main:
         log.info(
@@ -490,16 +557,30 @@ def _train(rt: Runtime, out: Path, on_step: Callable[[int], None] | None, starte
                                 loss = loss / plan.accum_steps
                         amp.scaler.scale(loss).backward()
                     loss_acc = loss.detach() if micro == 0 else loss_acc + loss.detach()
-            except Exception as exc:  # only a single process can retry alone: DDP peers wait in backward
-                if not (is_oom(exc) and not world.distributed and plan.micro_batch > 1):
+            except Exception as exc:
+                if not is_oom(exc):
                     raise
+                if plan.micro_batch == 1:
+                    raise oom_at_micro_batch_1(step, exc) from exc
+                if world.distributed:  # peers wait in a collective: this rank cannot retry alone
+                    lower = lower_micro_batch(plan)
+                    fallback = {"step": step, "from": plan.micro_batch, "to": lower.micro_batch}
+                    record = {"oom_micro_batch": lower.micro_batch, "global_batch": plan.global_batch,
+                              "oom_fallbacks": [*oom_fallbacks, fallback], "rank": world.rank,
+                              "error": f"{type(exc).__name__}: {exc}"}  # fmt: skip
+                    write_oom_record(out, record)
+                    raise RuntimeError(
+                        f"out of memory on rank {world.rank} at step {step} with micro-batch "
+                        f"{plan.micro_batch}: recorded in {OOM_RECORD}; the restart goes on from the newest "
+                        f"checkpoint with {lower.micro_batch} x {lower.accum_steps} accumulation ({exc})"
+                    ) from exc
                 out_of_memory = True  # handled below, outside the except block that pins the tensors
             if out_of_memory:
                 batch = loss = loss_acc = None
                 optimizer.zero_grad(set_to_none=True)
                 free_memory(device)
                 before = plan.micro_batch
-                plan = largest_divisor_plan(before - 1, plan.global_batch, world.size)
+                plan = lower_micro_batch(plan)
                 sampler = make_position(rt.train_data, plan, world.rank, config.seed)
                 loader, loader_gen = make_loader(
                     rt.train_data, sampler, rt.num_workers, rt.pin_memory, collate

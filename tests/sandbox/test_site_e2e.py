@@ -7,19 +7,34 @@ insert in the default zone is answered with a stock-out, so the play must move t
 zone. The VM is a Spot VM, so the module can end with the preemption drill: Google takes the VM
 away mid-training (a simulated maintenance event through the Compute API), `Forja.up()` starts it
 again, and the training unit resumes from its checkpoint at boot and finishes; the run history
-records the preemption and the work lost. This test resets the machine's sandbox (it is the same
-one `make sandbox` uses).
+records the preemption and the work lost. Then the README's next steps through the real `forja`
+command: `forja tunnel` (Colab's two paths through it, on the default kernel), `forja status`,
+`forja runs`, `forja cost`, and the VM stopped: `forja logs` says so and how to start it, and
+`forja tunnel --start` brings it back. The image's PyTorch behind that default kernel is its own
+test. Last, the example project (examples/own-loop: its own model, loop and requirements.txt)
+through `forja train --script`: preempted mid-run, it resumes from its own checkpoint, and a
+second run installs nothing. This test resets the machine's sandbox (it is the same one `make sandbox` uses).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 import re
+import shlex
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO, Any
 
 import pytest
 import requests
@@ -130,10 +145,22 @@ def test_colab_reaches_the_provisioned_jupyter_through_a_tunnel(
             colab.run_via_direct(tunnel.base_url, "wrong-token", "print(1)")
 
 
+def _changed_tasks(stdout: str) -> list[str]:
+    """The tasks that reported `changed` in an ansible-playbook output (what to look at when one did)."""
+    task, changed = "", []
+    for line in stdout.splitlines():
+        if line.startswith("TASK ["):
+            task = line[len("TASK ["):].split("]", 1)[0]
+        elif line.startswith("changed: ["):
+            changed.append(task)
+    return changed
+
+
 def _assert_nothing_changed(proc: subprocess.CompletedProcess[str]) -> None:
     recap = _recap(proc.stdout)
     assert recap, "no PLAY RECAP found"
-    assert {host: stats["changed"] for host, stats in recap.items()} == dict.fromkeys(recap, 0)
+    assert {host: stats["changed"] for host, stats in recap.items()} == dict.fromkeys(recap, 0), (
+        _changed_tasks(proc.stdout))
 
 
 def test_a_second_run_changes_nothing(first_run: subprocess.CompletedProcess[str]) -> None:
@@ -198,6 +225,308 @@ def test_a_preempted_spot_vm_comes_back_and_its_training_resumes_and_finishes(
     with ssh_tunnel(_address(vm), "ansible", testhosts.key_path(), 8888, 8888,
                     strict_host_key_checking="no", known_hosts_file="/dev/null") as tunnel:
         assert colab.run_via_direct(tunnel.base_url, token, "print(2+2)").strip() == "4"
+
+
+FORJA = str(Path(sys.executable).with_name("forja"))
+TOKEN_FILE = Path.home() / ".config" / "forja" / "tokens" / "forja-l4.jupyter-token"
+#: The first cell a researcher runs in Colab: which interpreter, and does the image's PyTorch load.
+WHICH_PYTHON = (
+    "import sys\nprint('python', sys.executable)\n"
+    "try:\n    import torch\n    print('torch', torch.__version__)\n"
+    "except ImportError as exc:\n    print('no torch:', exc)\n"
+)
+
+
+def _forja(*args: str, timeout: int = 900, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """The installed `forja` command, run as the README shows it (the sandbox is the default inventory)."""
+    return subprocess.run([FORJA, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          check=False)
+
+
+@contextlib.contextmanager
+def _forja_tunnel(*options: str, start: bool = False, timeout_s: float = 600) -> Iterator[tuple[str, str]]:
+    """`forja [OPTIONS] tunnel [--start]`, left running as a user leaves it; yields the Colab base URL
+    and what it printed so far; Ctrl-C (SIGINT) closes it at the end, as a user does."""
+    argv = [FORJA, *options, "tunnel", *(["--start"] if start else [])]
+    with tempfile.TemporaryFile(mode="w+") as log:
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, text=True)
+        try:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                assert proc.poll() is None, f"forja tunnel exited {proc.returncode}: {_read(log)}"
+                assert time.monotonic() < deadline, f"the tunnel did not open: {_read(log)}"
+                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", 8888), timeout=1):
+                    break
+                time.sleep(0.2)
+            yield "http://localhost:8888", _read(log)
+        finally:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _read(log: IO[str]) -> str:
+    log.seek(0)
+    return log.read()
+
+
+def test_the_readme_walk_through_the_forja_command(first_run: subprocess.CompletedProcess[str]) -> None:
+    """After site.yml, the README's next commands, through the real `forja` CLI: tunnel (both Colab
+    paths, the default kernel), status, runs, cost; then the VM stopped: `forja logs` says so, since
+    when and how to start it, and `forja tunnel --start` starts it and opens the tunnel again."""
+    (vm,) = _instances()
+    token = TOKEN_FILE.read_text().strip()
+    with _forja_tunnel() as (url, printed):
+        assert f"ansible@{_address(vm)}" in printed and "__ansible_unsafe" not in printed, printed
+        assert "paste into Colab" in printed and "http://localhost:8888/?token=" in printed
+        for run_cell in (colab.run_via_http_over_ws, colab.run_via_direct):
+            said = run_cell(url, token, WHICH_PYTHON, timeout_s=120)
+            assert re.search(r"^python /\S+python", said, flags=re.M), said
+
+    status = _forja("--json", "status")
+    assert status.returncode == 0, status.stdout[-2000:] + status.stderr[-2000:]
+    assert ("digits", "completed") in {(s["run"], s["status"]) for s in json.loads(status.stdout)}
+    runs = _forja("--json", "runs")
+    assert runs.returncode == 0 and isinstance(json.loads(runs.stdout), list), runs.stderr
+    cost = _forja("--json", "cost")
+    assert cost.returncode == 0, cost.stdout[-2000:] + cost.stderr[-2000:]
+    (line,) = json.loads(cost.stdout)["instances"]
+    assert (line["name"], line["zone"], line["status"], line["spot"]) == (
+        "forja-l4", "us-east1-b", "RUNNING", True)
+    assert line["uptime_s"] > 0 and line["usd_per_hour"] > 0
+
+    down = _forja(*SPOT, "down")
+    assert down.returncode == 0, down.stdout[-2000:] + down.stderr[-2000:]
+    (vm,) = _instances()
+    assert vm["status"] == "TERMINATED"
+    logs = _forja("logs", "digits")
+    assert logs.returncode == 6, logs.stdout[-2000:] + logs.stderr[-2000:]
+    said = " ".join(logs.stderr.split())
+    assert "host forja-l4 is stopped (status TERMINATED since" in said and "forja up" in said, said
+    assert "unreachable" not in said and "Connection refused" not in said, said
+    error = json.loads(_forja("--json", "logs", "digits").stdout)
+    assert error["error"] == "HostStopped" and error["since"].startswith(vm["lastStopTimestamp"][:10])
+    refused = _forja("tunnel")
+    assert refused.returncode == 6 and "forja tunnel --start" in " ".join(refused.stderr.split())
+
+    with _forja_tunnel(*SPOT, start=True) as (url, printed):
+        assert "forja-l4 is TERMINATED: starting it" in printed, printed
+        _wait_for_jupyter(url, token)
+        assert colab.run_via_direct(url, token, "print(6*7)", timeout_s=120).strip() == "42"
+    (vm,) = _instances()
+    assert vm["status"] == "RUNNING"
+
+
+def test_a_vm_that_autostop_stopped_says_why_while_it_is_stopped(
+    first_run: subprocess.CompletedProcess[str],
+) -> None:
+    """The issue's morning: autostop powered the idle VM off. The agent installed by site.yml (with
+    a private copy of its config: no idle window, no boot grace) decides and powers the guest off;
+    `forja logs` then says stopped, since when and autostop's reason, read while the VM is down."""
+    (vm,) = _instances()
+    private = "/root/autostop-e2e.json"
+    edit = ("import json; c = json.load(open('/etc/forja/autostop.json')); "
+            "c.update(idle_minutes=0.01, boot_grace_minutes=0, dry_run=False, "
+            "state_dir='/var/lib/forja/autostop-e2e'); json.dump(c, open('/root/autostop-e2e.json', 'w'))")
+    agent = f"python3 /usr/local/lib/forja/forja_autostop.py --config {private}"
+    # The first run starts the idle clock; the second, a moment later, stops the VM (in the
+    # background, so that this SSH session is not what the poweroff ends).
+    _on_host(_address(vm), f"sudo python3 -c {shlex.quote(edit)} && sudo chmod 600 {private} && sudo {agent} "
+                           f"&& sleep 2 && sudo systemd-run --no-block {agent}")
+    deadline = time.monotonic() + 120
+    while (vm := _instances()[0])["status"] != "TERMINATED":
+        assert time.monotonic() < deadline, f"autostop did not stop the VM: {vm['status']}"
+        time.sleep(1)
+    logs = _forja("--json", "logs", "digits")
+    assert logs.returncode == 6, logs.stdout[-2000:] + logs.stderr[-2000:]
+    error = json.loads(logs.stdout)
+    assert error["error"] == "HostStopped" and error["since"].startswith(vm["lastStopTimestamp"][:10])
+    assert error["why"].startswith("autostop stopped it (") and "idle for" in error["why"], error
+    up = _forja(*SPOT, "up")
+    assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-2000:]
+    assert _instances()[0]["status"] == "RUNNING"
+
+
+def _wait_for_jupyter(url: str, token: str, timeout_s: float = 180) -> None:
+    """Right after a start, ssh forwards the port before Jupyter listens on the VM: wait for it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with contextlib.suppress(requests.RequestException):
+            if requests.get(f"{url}/api/status", params={"token": token}, timeout=5).status_code == 200:
+                return
+        assert time.monotonic() < deadline, f"Jupyter did not answer through the tunnel within {timeout_s} s"
+        time.sleep(1)
+
+
+#: A researcher's first real cells: PyTorch trains a few steps on the default kernel; then a package
+#: of their own, installed from the notebook, imports (and still does after a stop and start).
+TRAIN_A_FEW_STEPS = (
+    "import sys, torch\n"
+    "torch.manual_seed(0)\n"
+    "x = torch.randn(64, 3); y = x @ torch.tensor([1.0, -2.0, 0.5]) + 0.1\n"
+    "model = torch.nn.Linear(3, 1); opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+    "losses = []\n"
+    "for _ in range(20):\n"
+    "    loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)\n"
+    "    opt.zero_grad(); loss.backward(); opt.step(); losses.append(loss.item())\n"
+    "print('python', sys.executable)\n"
+    "print('torch', torch.__version__, 'first', round(losses[0], 4), 'last', round(losses[-1], 4))\n"
+)
+#: Small, pure Python, no dependencies, not part of Jupyter's or PyTorch's own environment.
+PIP_PACKAGE = "inflection==0.5.1"
+PIP_IMPORT = "import inflection; print('pip', inflection.underscore('ForjaRun'))"
+
+
+def test_the_default_kernel_imports_torch_and_keeps_pip_installs_across_a_restart(
+    first_run: subprocess.CompletedProcess[str],
+) -> None:
+    """Colab's first kernel is the image's PyTorch: it imports torch and trains a few steps on both
+    Colab paths; a `%pip install` from the notebook imports at once and again after a stop and start.
+
+    Kept apart from the README walk so that this part (the image's PyTorch behind Colab's default
+    kernel) shows its own result.
+    """
+    token = TOKEN_FILE.read_text().strip()
+    with _forja_tunnel() as (url, _):
+        for run_cell in (colab.run_via_http_over_ws, colab.run_via_direct):
+            said = run_cell(url, token, TRAIN_A_FEW_STEPS, timeout_s=300)
+            found = re.search(r"^torch (\S+) first (\S+) last (\S+)$", said, flags=re.M)
+            assert found, f"the default kernel has no working torch: {said}"
+            assert float(found[3]) < float(found[2]), said
+        installed = colab.run_via_direct(url, token, f"%pip install -q {PIP_PACKAGE}\n{PIP_IMPORT}",
+                                         timeout_s=300)
+        assert "pip forja_run" in installed, installed
+    down = _forja(*SPOT, "down")
+    assert down.returncode == 0, down.stdout[-2000:] + down.stderr[-2000:]
+    with _forja_tunnel(*SPOT, start=True) as (url, _):
+        _wait_for_jupyter(url, token)
+        for run_cell in (colab.run_via_http_over_ws, colab.run_via_direct):
+            said = run_cell(url, token, f"import torch\n{PIP_IMPORT}", timeout_s=120)
+            assert "pip forja_run" in said, said
+
+
+#: The worked example project (examples/own-loop: its own model, train.py on trainer.runlib and a
+#: requirements.txt), run as its README says. A pause per step makes it last about a minute of
+#: wall time on little CPU, so a maintenance event sent once it has logged OWN_PREEMPT_AT steps lands
+#: mid-run; it saves a checkpoint every 20 steps and on the preemption's SIGTERM.
+OWN_LOOP = ROOT / "examples" / "own-loop"
+OWN_STEPS = 1200
+OWN_PREEMPT_AT = 100
+OWN_ARGS = ("--steps", str(OWN_STEPS), "--pause-s", "0.05", "--save-every", "20", "--log-every", "10")
+#: The trainer_run task that installs a project's requirements.txt into its hash-named environment.
+BUILD_PROJECT_ENV = "Build the project's environment on the trainer's"
+
+
+@dataclasses.dataclass(frozen=True)
+class OwnLoopRun:
+    """The example project's first run: started, preempted once, followed to its end."""
+
+    project: Path
+    name: str
+    started: dict[str, Any]  # `forja --json train --script ... --detach`
+    preempted_at: int  # the step the host reported just before the maintenance event
+    followed: dict[str, Any]  # `forja --json follow NAME` after `forja up`
+
+
+def _forja_json(*args: str, cwd: Path = ROOT) -> Any:
+    proc = _forja("--json", *args, cwd=cwd)
+    assert proc.returncode == 0, f"forja {' '.join(args)}: rc {proc.returncode}\n" + (
+        proc.stdout[-3000:] + proc.stderr[-3000:])
+    return json.loads(proc.stdout)
+
+
+def _run_state(name: str) -> dict[str, Any]:
+    """The run as `forja status NAME` reports it from the host (rank 0)."""
+    (state,) = [s for s in _forja_json("status", name) if s["run"] == name]
+    return state
+
+
+def _changed(train_json: dict[str, Any]) -> list[str]:
+    return [t["task"] for t in train_json["playbook_result"]["changed_tasks"]]
+
+
+@pytest.fixture(scope="module")
+def own_loop_run(first_run: subprocess.CompletedProcess[str], tmp_path_factory: pytest.TempPathFactory,
+                 ) -> OwnLoopRun:
+    """`forja train --script train.py` from a copy of the example project, as a user runs it from
+    their folder; Google takes the Spot VM away once the run has logged OWN_PREEMPT_AT steps;
+    `forja up` starts it, the unit resumes at boot, and `forja follow` follows it to its end."""
+    project = tmp_path_factory.mktemp("own-loop") / "own-loop"
+    shutil.copytree(OWN_LOOP, project, ignore=shutil.ignore_patterns("__pycache__", "forja-run*"))
+    name = f"own-loop-{uuid.uuid4().hex[:6]}"  # the history outlives the module
+    started = _forja_json("train", "--script", "train.py", "--name", name, "--detach", "--", *OWN_ARGS,
+                          cwd=project)
+    assert (started["run_id"], started["status"], started["detached"]) == (name, "running", "detach")
+
+    deadline = time.monotonic() + 300
+    while (state := _run_state(name))["status"] != "completed" and (state["step"] or 0) < OWN_PREEMPT_AT:
+        assert state["status"] == "running", state
+        assert time.monotonic() < deadline, f"the run did not reach step {OWN_PREEMPT_AT}: {state}"
+        time.sleep(1)
+    assert state["status"] == "running", f"the run ended before the maintenance event: {state}"
+    (vm,) = _instances()
+    zone = vm["zone"].rsplit("/", 1)[-1]
+    _compute("POST", f"zones/{zone}/instances/{vm['name']}/simulateMaintenanceEvent")
+    deadline = time.monotonic() + 120
+    while _instances()[0]["status"] != "TERMINATED":
+        assert time.monotonic() < deadline, "the Spot VM was not preempted within 120 s"
+        time.sleep(1)
+
+    up = _forja(*SPOT, "up")
+    assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-2000:]
+    # As a user would: follow at once. While the host boots, the queued unit reads "running", not
+    # the "preempted" of the boot before, so the follower does not stop before the run resumes.
+    followed = _forja_json("follow", name, cwd=project)
+    return OwnLoopRun(project, name, started, state["step"], followed)
+
+
+def test_the_example_project_resumes_from_its_own_checkpoint_after_a_maintenance_event(
+    own_loop_run: OwnLoopRun,
+) -> None:
+    """The issue's example project, through `forja train --script`: its requirements were installed
+    (the first run built their environment), a maintenance event mid-run preempted it, and it resumed
+    from its own checkpoint, not from step 0, to the end; the fetched metrics, the journal and the
+    history row all say so."""
+    run, followed = own_loop_run, own_loop_run.followed
+    assert any(BUILD_PROJECT_ENV in task for task in _changed(run.started)), _changed(run.started)
+    summary = followed["summary"]
+    assert followed["status"] == "completed", followed
+    assert (summary["status"], summary["steps"], summary["preemptions"]) == (
+        "completed", OWN_STEPS, 1), summary
+    resumed = summary["resumed_from_step"]
+    assert run.preempted_at <= resumed < OWN_STEPS, (run.preempted_at, summary)
+
+    results = run.project / "forja-runs" / run.name / "forja-l4"
+    assert Path(followed["artifact_dir"]).resolve() == results.resolve()
+    steps = [json.loads(line)["step"] for line in (results / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(10, OWN_STEPS + 1, 10)), "each step logged once: no restart from 0, no repeat"
+    events = [json.loads(line) for line in (results / "events.jsonl").read_text().splitlines()]
+    assert [e["resumed_from_step"] for e in events if e.get("event") == "resume"] == [resumed], events
+    logs = _forja("logs", run.name, "--lines", "2000", cwd=run.project)  # both boots' journal
+    assert logs.returncode == 0, logs.stdout[-2000:] + logs.stderr[-2000:]
+    assert f"resumed from step {resumed}" in logs.stdout, logs.stdout[-3000:]  # train.py's own line
+
+    (row,) = [r for r in _forja_json("runs") if r["run_id"] == run.name]
+    assert (row["status"], row["steps"], row["preemptions"], row["hosts"]) == (
+        "completed", OWN_STEPS, 1, ["forja-l4"]), row
+    assert row["lost_steps"] == summary["lost_steps"], (row, summary)
+    assert row["last_loss"] == pytest.approx(summary["final_loss"]), (row, summary)
+
+
+def test_a_second_run_of_the_example_project_installs_nothing(own_loop_run: OwnLoopRun) -> None:
+    """The same requirements.txt again: its environment (named by the file's hash) is reused, so
+    the play changes none of the requirements tasks; the run itself still trains to the end."""
+    name = f"{own_loop_run.name}-again"
+    again = _forja_json("train", "--script", "train.py", "--name", name, "--", "--steps", "30",
+                        cwd=own_loop_run.project)
+    assert again["status"] == "completed" and again["summary"]["steps"] == 30, again
+    changed = _changed(again)
+    assert changed, "the run itself changes the host (its env file, its unit): the count is read"
+    assert not [t for t in changed if "requirements" in t.lower() or BUILD_PROJECT_ENV in t], changed
 
 
 def test_teardown_leaves_nothing_behind(first_run: subprocess.CompletedProcess[str]) -> None:

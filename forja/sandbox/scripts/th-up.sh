@@ -40,11 +40,13 @@ table ip testhosts {
 }
 NFT
   fi
+  # The host's namespace joins the bridge under the same lock: a th-down.sh of the last other host
+  # looks for namespaces under it before removing the bridge and the NAT this host needs.
+  ip netns del "$NS" 2>/dev/null || true
+  ip netns add "$NS"
+  ip link add "$NS-h" type veth peer name eth0 netns "$NS"
+  ip link set "$NS-h" master thbr0 up
 ) 9>"$TH_BASE/.bridge.lock"
-ip netns del "$NS" 2>/dev/null || true
-ip netns add "$NS"
-ip link add "$NS-h" type veth peer name eth0 netns "$NS"
-ip link set "$NS-h" master thbr0 up
 ip -n "$NS" link set lo up
 ip -n "$NS" addr add "$IP/24" dev eth0; ip -n "$NS" link set eth0 up
 ip -n "$NS" route add default via "$TH_NET.1"

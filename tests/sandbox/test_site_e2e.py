@@ -90,6 +90,16 @@ def _instances() -> list[dict]:
     return [i for scope in items.values() for i in scope.get("instances", [])]
 
 
+def _preempt(vm: dict[str, Any]) -> None:
+    """Google's maintenance event on the Spot VM, then wait until the Compute API says TERMINATED."""
+    zone = vm["zone"].rsplit("/", 1)[-1]
+    _compute("POST", f"zones/{zone}/instances/{vm['name']}/simulateMaintenanceEvent")
+    deadline = time.monotonic() + 120
+    while _instances()[0]["status"] != "TERMINATED":
+        assert time.monotonic() < deadline, "the Spot VM was not preempted within 120 s"
+        time.sleep(1)
+
+
 def _address(vm: dict) -> str:
     return vm["networkInterfaces"][0]["accessConfigs"][0]["natIP"]
 
@@ -195,12 +205,7 @@ def test_a_preempted_spot_vm_comes_back_and_its_training_resumes_and_finishes(
     while "ckpt" not in _on_host(_address(vm), f"sudo ls {checkpoints}"):
         assert time.monotonic() < deadline, "no checkpoint within 120 s of the start"
         time.sleep(0.5)
-    zone = vm["zone"].rsplit("/", 1)[-1]
-    _compute("POST", f"zones/{zone}/instances/{vm['name']}/simulateMaintenanceEvent")
-    deadline = time.monotonic() + 120
-    while _instances()[0]["status"] != "TERMINATED":
-        assert time.monotonic() < deadline, "the Spot VM was not preempted within 120 s"
-        time.sleep(1)
+    _preempt(vm)
 
     up = forja.up()  # provision.yml: starts the preempted VM again and waits for SSH
     assert up.ok, up
@@ -469,12 +474,7 @@ def own_loop_run(first_run: subprocess.CompletedProcess[str], tmp_path_factory: 
         time.sleep(1)
     assert state["status"] == "running", f"the run ended before the maintenance event: {state}"
     (vm,) = _instances()
-    zone = vm["zone"].rsplit("/", 1)[-1]
-    _compute("POST", f"zones/{zone}/instances/{vm['name']}/simulateMaintenanceEvent")
-    deadline = time.monotonic() + 120
-    while _instances()[0]["status"] != "TERMINATED":
-        assert time.monotonic() < deadline, "the Spot VM was not preempted within 120 s"
-        time.sleep(1)
+    _preempt(vm)
 
     up = _forja(*SPOT, "up")
     assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-2000:]

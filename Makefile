@@ -29,10 +29,10 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # The golden Ubuntu image, then the Deep Learning VM layer over it (the image's Python with
-# PyTorch 2.7.1; forja/sandbox/README.md). Both are cached in $(TH_BASE)/images: built once.
+# PyTorch 2.7.1; forja_sandbox/README.md). Both are cached in $(TH_BASE)/images: built once.
 golden: venv
-	$(PY) -m forja.sandbox.testhosts golden
-	$(PY) -m forja.sandbox.testhosts dlvm
+	$(PY) -m forja_sandbox.testhosts golden
+	$(PY) -m forja_sandbox.testhosts dlvm
 
 sandbox: setup
 	ansible-playbook site.yml
@@ -41,7 +41,7 @@ sandbox-down: venv
 	ansible-playbook playbooks/teardown.yml -e forja_teardown_delete=true
 
 lint: venv
-	ruff check forja trainer plugins tests bench
+	ruff check forja forja_sandbox trainer plugins tests bench
 	yamllint -s .
 	ansible-lint
 
@@ -63,4 +63,4 @@ molecule: setup
 test: setup lint unit molecule
 
 clean-hosts: venv
-	$(PY) -m forja.sandbox.testhosts down-all
+	$(PY) -m forja_sandbox.testhosts down-all

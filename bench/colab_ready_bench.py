@@ -26,9 +26,9 @@ from pathlib import Path
 
 import yaml
 
-from forja.colab import run_via_direct
-from forja.sandbox import service, testhosts
 from forja.tunnel import ssh_tunnel
+from forja_sandbox import service, testhosts
+from forja_sandbox.colab import run_via_direct
 
 ROOT = Path(__file__).resolve().parents[1]
 

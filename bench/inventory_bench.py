@@ -32,7 +32,7 @@ PROJECT = "forja-sandbox"
 
 def seed(emulator, instances: int, zones: int) -> list[str]:
     """Spread the instances evenly over the first `zones` zones of the emulator's catalog."""
-    from forja.sandbox.compute_emulator.catalog import ZONES
+    from forja_sandbox.compute_emulator.catalog import ZONES
 
     chosen = sorted(ZONES)[:zones]
     per_zone = math.ceil(instances / len(chosen))
@@ -125,7 +125,7 @@ def main() -> None:
     ansible.module_utils.__path__.append(str(ROOT / "plugins" / "module_utils"))
     from ansible.module_utils.forja_gcp import GcpClient, GcpConfig
 
-    from forja.sandbox.compute_emulator import ComputeEmulator
+    from forja_sandbox.compute_emulator import ComputeEmulator
 
     with tempfile.TemporaryDirectory(prefix="forja-inv-bench-") as tmp, ComputeEmulator() as emulator:
         tmpdir = Path(tmp)

@@ -48,7 +48,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--keep", action="store_true", help="keep the sandbox afterwards")
     args = parser.parse_args()
-    subprocess.run([sys.executable, "-m", "forja.sandbox.service", "destroy"], cwd=ROOT, check=True)
+    subprocess.run([sys.executable, "-m", "forja_sandbox.service", "destroy"], cwd=ROOT, check=True)
     rows: list[tuple[str, float, int]] = []
     total = 0.0
     for name, playbook in PHASES:
@@ -82,7 +82,7 @@ def main() -> int:
     for name, ratio in ratios:
         print(f"{name:<42}{ratio:>9.2f}")
     if not args.keep:
-        subprocess.run([sys.executable, "-m", "forja.sandbox.service", "destroy"], cwd=ROOT, check=True)
+        subprocess.run([sys.executable, "-m", "forja_sandbox.service", "destroy"], cwd=ROOT, check=True)
     return 0
 
 

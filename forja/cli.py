@@ -663,6 +663,6 @@ def tunnel(
 from forja.cost.cli import app as _cost_app  # noqa: E402
 
 app.add_typer(_cost_app, name="cost")
-from forja.sandbox.cli import app as _sandbox_app  # noqa: E402
+from forja_sandbox.cli import app as _sandbox_app  # noqa: E402
 
 app.add_typer(_sandbox_app, name="sandbox")

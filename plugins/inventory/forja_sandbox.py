@@ -58,7 +58,7 @@ class InventoryModule(BaseInventoryPlugin):
         python = self.get_option("python") or sys.executable
         verb = "ensure" if self.get_option("start") else "check"
         try:
-            proc = subprocess.run([python, "-m", "forja.sandbox.service", verb],
+            proc = subprocess.run([python, "-m", "forja_sandbox.service", verb],
                                   capture_output=True, text=True, timeout=300, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise AnsibleParserError(f"forja_sandbox: could not run the sandbox service with {python}: {exc}",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from forja.sandbox import testhosts
+from forja_sandbox import testhosts
 
 REPO = Path(__file__).resolve().parents[2]
 #: Inside the test hosts, the controller's pip cache folder (bind-mounted by the fixture).

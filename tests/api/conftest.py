@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from apihosts import ensure_wheelhouse
 
-from forja.sandbox import testhosts
+from forja_sandbox import testhosts
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,7 @@ from forja import events as ev
 from forja.api import Forja
 from forja.errors import ExitCode
 from forja.history import History
-from forja.sandbox import testhosts
+from forja_sandbox import testhosts
 
 pytestmark = [pytest.mark.hosts, pytest.mark.slow, pytest.mark.timeout(2400)]
 FORJA = str(Path(sys.executable).parent / "forja")

@@ -1,7 +1,7 @@
 """Training through the API on a real test host (th6): real playbooks, real SSH, the real trainer.
 
 Host-key checking is turned off explicitly: the test hosts are throwaway containers that all
-share one generated host key (see forja/sandbox/testhosts.py).
+share one generated host key (see forja_sandbox/testhosts.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from forja import errors
 from forja import events as ev
 from forja.api import Forja
 from forja.history import History
-from forja.sandbox import testhosts
+from forja_sandbox import testhosts
 
 # The first test pays for booting th6 and installing PyTorch into it (minutes on a busy machine).
 pytestmark = [pytest.mark.hosts, pytest.mark.slow, pytest.mark.timeout(2400)]

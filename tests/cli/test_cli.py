@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from forja.cli import app
 from forja.errors import ExitCode
 from forja.history import History
-from forja.sandbox import testhosts
+from forja_sandbox import testhosts
 
 REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()

@@ -28,8 +28,8 @@ from forja import inventory
 from forja.api import Forja
 from forja.cli import app
 from forja.errors import ExitCode
-from forja.sandbox.compute_emulator import ComputeEmulator
-from forja.sandbox.compute_emulator.metadata_server import MetadataServer
+from forja_sandbox.compute_emulator import ComputeEmulator
+from forja_sandbox.compute_emulator.metadata_server import MetadataServer
 
 REPO = Path(__file__).resolve().parents[2]
 PROJECT = "forja-sandbox"

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 from emulator_helpers import Client
 
-from forja.sandbox.compute_emulator import ComputeEmulator
+from forja_sandbox.compute_emulator import ComputeEmulator
 
 
 @pytest.fixture

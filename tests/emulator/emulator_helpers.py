@@ -7,7 +7,7 @@ from typing import Any
 
 import requests
 
-from forja.sandbox.compute_emulator import ComputeEmulator
+from forja_sandbox.compute_emulator import ComputeEmulator
 
 PROJECT = "forja-sandbox"
 ZONE = "us-east1-d"

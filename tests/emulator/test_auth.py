@@ -13,7 +13,7 @@ from emulator_helpers import PROJECT, Client
 from google.auth.transport.requests import Request
 from google.oauth2 import service_account
 
-from forja.sandbox.compute_emulator import ComputeEmulator
+from forja_sandbox.compute_emulator import ComputeEmulator
 
 SCOPES = ["https://www.googleapis.com/auth/compute"]
 

@@ -16,7 +16,7 @@ from typing import Any
 import requests
 from emulator_helpers import PROJECT, ZONE, Client, eventually, l4_body, small_body
 
-from forja.sandbox.compute_emulator import ComputeEmulator
+from forja_sandbox.compute_emulator import ComputeEmulator
 
 
 class RecordingBackend:
@@ -165,7 +165,7 @@ def test_the_state_file_keeps_instances_firewalls_and_keys_across_restarts(tmp_p
 
 def test_the_standalone_server_prints_its_url_serves_and_saves_on_sigterm(tmp_path: Path) -> None:
     state, key = tmp_path / "state.json", tmp_path / "key.json"
-    command = [sys.executable, "-m", "forja.sandbox.compute_emulator", "--port", "0", "--state", str(state)]
+    command = [sys.executable, "-m", "forja_sandbox.compute_emulator", "--port", "0", "--state", str(state)]
     process = subprocess.Popen([*command, "--key-out", str(key)], stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None
@@ -197,7 +197,7 @@ def test_preempting_a_spot_instance_with_action_delete_removes_it(
 def test_old_finished_operations_are_forgotten_to_bound_memory(
     emu: ComputeEmulator, client: Client, monkeypatch: Any
 ) -> None:
-    from forja.sandbox.compute_emulator import operations
+    from forja_sandbox.compute_emulator import operations
 
     monkeypatch.setattr(operations, "MAX_OPERATIONS", 10)
     client.insert(small_body("busy"))

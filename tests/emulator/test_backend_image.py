@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from emulator_helpers import ZONE, Client, l4_body, small_body
 
-from forja.sandbox.backend import image_of
-from forja.sandbox.compute_emulator import ComputeEmulator
+from forja_sandbox.backend import image_of
+from forja_sandbox.compute_emulator import ComputeEmulator
 
 
 def test_a_dlvm_boot_disk_boots_the_dlvm_layer_and_ubuntu_boots_plain(emu: ComputeEmulator,

@@ -6,10 +6,10 @@ from importlib.metadata import version
 
 import pytest
 
-from forja.sandbox.compute_emulator import ApiError
-from forja.sandbox.compute_emulator.fields import parse_fields, project
-from forja.sandbox.compute_emulator.filters import compile_filter
-from forja.sandbox.compute_emulator.schema import methods, revision
+from forja_sandbox.compute_emulator import ApiError
+from forja_sandbox.compute_emulator.fields import parse_fields, project
+from forja_sandbox.compute_emulator.filters import compile_filter
+from forja_sandbox.compute_emulator.schema import methods, revision
 
 INSTANCE = {
     "name": "gpu-1",

@@ -10,7 +10,7 @@ import pytest
 import requests
 from emulator_helpers import ZONE, Client, l4_body, small_body
 
-from forja.sandbox.compute_emulator import ComputeEmulator
+from forja_sandbox.compute_emulator import ComputeEmulator
 
 VM = f"zones/{ZONE}/instances/vm"
 

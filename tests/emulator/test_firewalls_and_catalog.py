@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from emulator_helpers import PROJECT, Client
 
-from forja.sandbox.compute_emulator import ComputeEmulator
+from forja_sandbox.compute_emulator import ComputeEmulator
 
 SSH_RULE = {
     "name": "forja-allow-ssh",

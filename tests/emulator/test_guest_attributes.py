@@ -19,9 +19,9 @@ from emulator_helpers import PROJECT, ZONE, Client, small_body
 from googleapiclient.discovery import build_from_document
 from googleapiclient.errors import HttpError
 
-from forja.sandbox.compute_emulator import ComputeEmulator
-from forja.sandbox.compute_emulator.metadata_server import MetadataServer
-from forja.sandbox.compute_emulator.schema import discovery
+from forja_sandbox.compute_emulator import ComputeEmulator
+from forja_sandbox.compute_emulator.metadata_server import MetadataServer
+from forja_sandbox.compute_emulator.schema import discovery
 
 ENABLED = {"items": [{"key": "enable-guest-attributes", "value": "TRUE"}]}
 GUEST = {"Metadata-Flavor": "Google"}

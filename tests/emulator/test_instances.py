@@ -7,7 +7,7 @@ import threading
 
 from emulator_helpers import PROJECT, ZONE, Client, eventually, l4_body, small_body
 
-from forja.sandbox.compute_emulator import ComputeEmulator
+from forja_sandbox.compute_emulator import ComputeEmulator
 
 TEST_NETS = [
     ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "198.18.0.0/15")

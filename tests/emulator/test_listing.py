@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from emulator_helpers import PROJECT, ZONE, Client
 
-from forja.sandbox.compute_emulator import ComputeEmulator
-from forja.sandbox.compute_emulator.catalog import ZONES
+from forja_sandbox.compute_emulator import ComputeEmulator
+from forja_sandbox.compute_emulator.catalog import ZONES
 
 TWENTY_ZONES = sorted(ZONES)[:20]
 NAMES_ONLY = "items/*/instances/name,nextPageToken"  # small pages: these tests count, not inspect

@@ -1,7 +1,7 @@
 """The Deep Learning VM layer: a host booted from it has the image's PyTorch where the sandbox says.
 
 Checked on real hosts th23 (dlvm) and th24 (golden), against the facts the layer claims to
-reproduce (forja/sandbox/README.md): PyTorch 2.7.1 for Python 3.10 in the image's own Python,
+reproduce (forja_sandbox/README.md): PyTorch 2.7.1 for Python 3.10 in the image's own Python,
 root-owned, no conda, pip and torchrun on PATH; and a host keeps its layers across stop and start.
 """
 
@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from forja.sandbox import testhosts
+from forja_sandbox import testhosts
 
 DLVM, GOLDEN = 23, 24
 PROBE = ("import json, sys, torch; print(json.dumps({'torch': torch.__version__,"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from forja.sandbox import testhosts
+from forja_sandbox import testhosts
 
 INDEX = 8  # reserved for the fixture's own tests
 

@@ -66,7 +66,7 @@ def no_outbound_network(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 @pytest.fixture
 def emulator():
     """A fresh Compute emulator on a loopback port (real HTTP, real OAuth token endpoint)."""
-    from forja.sandbox.compute_emulator import ComputeEmulator
+    from forja_sandbox.compute_emulator import ComputeEmulator
 
     with ComputeEmulator() as emu:
         yield emu

@@ -176,7 +176,7 @@ def test_failures_name_the_project_and_the_cause_and_are_never_silently_empty(em
 
 
 def test_5000_vms_in_20_zones_take_one_token_and_ten_pages(emulator, key_file, tmp_path):
-    from forja.sandbox.compute_emulator.catalog import ZONES
+    from forja_sandbox.compute_emulator.catalog import ZONES
 
     zones = sorted(ZONES)[:20]
     for index, zone in enumerate(zones):

@@ -1,11 +1,11 @@
-"""forja.colab drives a real notebook 6.5.7 server (configured by the role's template) like Colab does."""
+"""forja_sandbox.colab drives a real notebook 6.5.7 server (the role's template) as Colab does."""
 
 from __future__ import annotations
 
 import pytest
 from jupyter_helpers import LocalServer, render_config
 
-from forja.colab import CellError, ColabRefused, run_via_direct, run_via_http_over_ws
+from forja_sandbox.colab import CellError, ColabRefused, run_via_direct, run_via_http_over_ws
 
 pytestmark = pytest.mark.slow
 EVIL = "https://evil.example.com"

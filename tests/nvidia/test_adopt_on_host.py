@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from forja.sandbox import testhosts
+from forja_sandbox import testhosts
 
 pytestmark = [pytest.mark.hosts, pytest.mark.slow]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from forja.sandbox import service
+from forja_sandbox import service
 
 pytestmark = pytest.mark.hosts  # the service needs the golden image before it starts
 

@@ -40,11 +40,10 @@ import pytest
 import requests
 import yaml
 
-from forja import colab
 from forja.api import Forja
 from forja.history import History
-from forja.sandbox import service, testhosts
 from forja.tunnel import ssh_tunnel
+from forja_sandbox import colab, service, testhosts
 
 pytestmark = [pytest.mark.hosts, pytest.mark.slow]
 

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 import requests
 
-from forja import colab
-from forja.sandbox import testhosts
-from forja.sandbox.compute_emulator import ComputeEmulator
-from forja.sandbox.compute_emulator.metadata_server import MetadataServer
+from forja_sandbox import colab
+from forja_sandbox import testhosts
+from forja_sandbox.compute_emulator import ComputeEmulator
+from forja_sandbox.compute_emulator.metadata_server import MetadataServer
 from forja.tunnel import ssh_tunnel
 
 INDEX = 5

@@ -19,8 +19,8 @@ import requests
 import websocket
 import yaml
 
-from forja.colab import ColabRefused, run_via_direct, run_via_http_over_ws
-from forja.sandbox import testhosts
+from forja_sandbox.colab import ColabRefused, run_via_direct, run_via_http_over_ws
+from forja_sandbox import testhosts
 from forja.tunnel import Tunnel, ssh_tunnel
 
 PORT = 18801  # converge.yml's jupyter_colab_port

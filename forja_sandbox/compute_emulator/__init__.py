@@ -4,12 +4,12 @@ Google publishes no Compute Engine emulator, and forja's GCP code must be tested
 real network path (auth, paging, operations, errors), so this package serves the subset of
 Compute v1 that forja uses, validated against Google's own discovery document.
 
-    from forja.sandbox.compute_emulator import ComputeEmulator
+    from forja_sandbox.compute_emulator import ComputeEmulator
     with ComputeEmulator() as emu:
         key = emu.write_service_account_key(tmp / "key.json")
         ...  # point a client at emu.base_url with that key
 
-Standalone: `python -m forja.sandbox.compute_emulator --port 8780 --state state.json`.
+Standalone: `python -m forja_sandbox.compute_emulator --port 8780 --state state.json`.
 """
 
 from .api import InstanceBackend

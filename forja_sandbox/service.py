@@ -23,7 +23,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from forja.sandbox import testhosts
+from forja_sandbox import testhosts
 
 DEFAULT_PORT = 8089
 PROJECT = "forja-sandbox"
@@ -121,7 +121,7 @@ def ensure_running(timeout_s: float = 60.0) -> dict[str, str]:
             testhosts.ensure_golden()
             with open(sp.log, "ab") as log:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "forja.sandbox.service", "serve", "--port", str(port())],
+                    [sys.executable, "-m", "forja_sandbox.service", "serve", "--port", str(port())],
                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                     start_new_session=True, env=dict(os.environ),
                 )
@@ -156,7 +156,7 @@ def stop_service() -> None:
 
 def destroy() -> None:
     """Remove the whole sandbox: the emulator, every instance's host and the saved state."""
-    from forja.sandbox.backend import TestHostBackend
+    from forja_sandbox.backend import TestHostBackend
 
     stop_service()
     sp = paths()
@@ -167,7 +167,7 @@ def destroy() -> None:
 
 def describe() -> dict[str, object]:
     """Whether the service runs, and each instance's host (for `forja sandbox status`)."""
-    from forja.sandbox.backend import TestHostBackend
+    from forja_sandbox.backend import TestHostBackend
 
     sp = paths()
     running = bool(_alive(sp.pid) and _answers(base_url()))
@@ -194,7 +194,7 @@ def _serve_metadata(emulator, p: int, stop: threading.Event) -> None:  # type: i
     Bound to the bridge address only, never to every interface: only sandbox VMs reach it, and it
     answers only a RUNNING instance calling from its own address.
     """
-    from forja.sandbox.compute_emulator.metadata_server import MetadataServer
+    from forja_sandbox.compute_emulator.metadata_server import MetadataServer
 
     server = None
     while server is None and not stop.is_set():
@@ -212,8 +212,8 @@ def serve(p: int) -> None:
 
     FORJA_SANDBOX_FAULTS (a JSON list of `Faults.add` keyword sets) injects failures for drills.
     """
-    from forja.sandbox.backend import TestHostBackend
-    from forja.sandbox.compute_emulator import ComputeEmulator
+    from forja_sandbox.backend import TestHostBackend
+    from forja_sandbox.compute_emulator import ComputeEmulator
 
     sp = paths()
     backend = TestHostBackend(sp.bindings)
@@ -242,7 +242,7 @@ def serve(p: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m forja.sandbox.service")
+    parser = argparse.ArgumentParser(prog="python -m forja_sandbox.service")
     sub = parser.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve")
     s.add_argument("--port", type=int, default=port())

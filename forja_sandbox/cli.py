@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from forja.sandbox import service, testhosts
+from forja_sandbox import service, testhosts
 
 app = typer.Typer(help="The local sandbox cloud (Compute emulator + real local hosts).", no_args_is_help=True)
 out = Console()

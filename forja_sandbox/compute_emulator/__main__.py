@@ -1,4 +1,4 @@
-"""Run the emulator as a process: `python -m forja.sandbox.compute_emulator --port P --state FILE`.
+"""Run the emulator as a process: `python -m forja_sandbox.compute_emulator --port P --state FILE`.
 
 Prints the API base URL (first line) and the token URI, then serves until SIGINT/SIGTERM; the
 state file keeps instances, firewalls, keys and tokens across restarts.
@@ -16,7 +16,7 @@ from .emulator import DEFAULT_PROJECT, ComputeEmulator
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m forja.sandbox.compute_emulator", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m forja_sandbox.compute_emulator", description=__doc__)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     parser.add_argument("--port", type=int, default=0, help="port to bind (default: any free port)")
     parser.add_argument("--state", type=Path, help="JSON file that keeps the state across restarts")

@@ -248,7 +248,7 @@ def down_all() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m forja.sandbox.testhosts", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m forja_sandbox.testhosts", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("golden", help="build or extract the golden image")
     sub.add_parser("dlvm", help="build the Deep Learning VM layer over the golden image")

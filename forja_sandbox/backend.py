@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from forja.sandbox import testhosts
+from forja_sandbox import testhosts
 
 FIRST_INDEX = 10
 LAST_INDEX = 19

@@ -92,27 +92,12 @@ def _run(args: argparse.Namespace) -> int:
     config = load(args.config, args.overrides)
     if args.command == "train":
         from trainer.metrics import process_started_monotonic
+        from trainer.summary import HEADLINE
         from trainer.train import train
 
         result = train(config, args.out, started_at=process_started_monotonic())
         if result.summary:
-            print(
-                json.dumps(
-                    {
-                        k: result.summary.get(k)
-                        for k in (
-                            "status",
-                            "steps",
-                            "final_loss",
-                            "accuracy",
-                            "samples_per_s",
-                            "wall_s",
-                            "cost_usd",
-                        )
-                    }
-                ),
-                flush=True,
-            )
+            print(json.dumps({k: result.summary.get(k) for k in HEADLINE}), flush=True)
         return result.exit_code
     if args.command == "find-batch":
         from trainer.batch_finder import find_batch, format_result

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.metrics import read_jsonl
+from trainer.summary import Summary
 
 PLOTS = ("loss.png", "throughput.png", "utilisation.png", "cost.png")
 
@@ -105,13 +106,15 @@ def render(run: str | os.PathLike[str]) -> dict[str, Any]:
     figure("cost.png", "Cumulative cost", [("USD", [r.get("cost_usd") for r in rows])], "USD")
 
     summary_path = folder / "summary.json"
-    summary: dict[str, Any] = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    written: dict[str, Any] = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    written.setdefault("status", "unknown (no summary: the run may still be going or was killed)")
+    summary = Summary.from_dict(written).to_dict()
     speeds = [r["samples_per_s"] for r in rows if r.get("samples_per_s")]
-    summary.setdefault("status", "unknown (no summary: the run may still be going or was killed)")
-    summary.setdefault("steps", steps[-1])
-    summary.setdefault("final_loss", rows[-1].get("loss"))
-    summary.setdefault("cost_usd", rows[-1].get("cost_usd"))
-    summary.setdefault("wall_s", rows[-1].get("wall_s"))
+    from_metrics = {"steps": steps[-1], "final_loss": rows[-1].get("loss"),
+                    "cost_usd": rows[-1].get("cost_usd"), "wall_s": rows[-1].get("wall_s")}  # fmt: skip
+    for key, value in from_metrics.items():  # what the summary does not know yet, from the newest line
+        if summary[key] is None:
+            summary[key] = value
     summary["median_samples_per_s"] = statistics.median(speeds) if speeds else None
     summary["median_data_wait_fraction"] = (
         statistics.median(r["data_wait_s"] / r["step_time_s"] for r in rows if r.get("step_time_s"))

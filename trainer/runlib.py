@@ -468,6 +468,7 @@ class Run:
 
     def _finish(self, exc: BaseException | None) -> None:
         from trainer.report import render, write_summary
+        from trainer.summary import Summary
         from trainer.train import history, record_failure
 
         for handle in (self._metrics, self._events):
@@ -479,22 +480,23 @@ class Run:
         past = history(self.run_dir / "events.jsonl")
         ckpts = self.checkpoints.list()
         wall = self._clock.total_s()
-        summary = {
-            "status": self.status,
-            "steps": self.step,
-            "total_steps": self.total_steps,
-            "final_loss": self.final_loss,
-            "wall_s": wall,
-            "cost_usd": metrics.cost_usd(wall, self.contract.price_per_hour),
-            "resumed_from_step": self.start_step if self.start_step else None,
-            "lost_steps": past["lost_steps"],
-            "preemptions": past["preemptions"],
-            "last_checkpoint": ckpts[-1].name if ckpts else None,
-            "world_size": self.world.size,
-            "script": sys.argv[0],
-            "time": time.time(),
-        }
-        write_summary(self.run_dir, summary)
+        summary = Summary(
+            status=self.status,
+            steps=self.step,
+            total_steps=self.total_steps,
+            final_loss=self.final_loss,
+            wall_s=wall,
+            cost_usd=metrics.cost_usd(wall, self.contract.price_per_hour),
+            resumed_from_step=self.start_step if self.start_step else None,
+            lost_steps=past["lost_steps"],
+            preemptions=past["preemptions"],
+            last_checkpoint=ckpts[-1].name if ckpts else None,
+            world_size=self.world.size,
+            script=sys.argv[0],
+            exit_code=self.exit_code,
+            time=time.time(),
+        )
+        write_summary(self.run_dir, summary.to_dict())
         if self.render_plots and any(True for _ in metrics.read_jsonl(self.run_dir / "metrics.jsonl")):
             try:
                 render(self.run_dir)

@@ -1,10 +1,13 @@
 """The training loop: one function you can read top to bottom (nanoGPT's shape, with survival added).
 
-Order of a run: resolve the config for this machine -> find the batch if asked -> build model and
-optimizer -> resume from the newest valid checkpoint -> loop. Inside the loop, after each optimizer
-step, one tiny all-reduce makes every rank agree on "stop now" (SIGTERM) and "checkpoint now"
-(timer); logging, evaluation and checkpoints are gated by intervals. Nothing in the loop syncs the
-GPU except at log steps.
+Order of a run (``_train``): resolve the config for this machine -> find the batch if asked -> build
+model and optimizer -> resume from the newest valid checkpoint -> loop. Inside the loop, after each
+optimizer step, one tiny all-reduce makes every rank agree on "stop now" (SIGTERM) and "checkpoint
+now" (timer); logging, evaluation and checkpoints are gated by intervals. Nothing in the loop syncs
+the GPU except at log steps.
+
+The loop fits on one screen: each part of a step is a named function below ``_train`` that takes
+the session's parts and the loop's state explicitly (:mod:`trainer.loop_state`), never a closure.
 """
 
 from __future__ import annotations
@@ -29,12 +32,14 @@ from torch.nn.parallel import DistributedDataParallel
 import trainer
 from trainer import distributed, exit_codes, metrics
 from trainer import resume as resume_rules
-from trainer.batch_finder import find_batch, free_memory, is_oom, model_fingerprint
+from trainer.batch_finder import BatchResult, find_batch, free_memory, is_oom, model_fingerprint
 from trainer.batches import correct_count, to_device
 from trainer.checkpoint import CheckpointManager, NoValidCheckpoint, fsync_dir, rng_state, set_rng_state
 from trainer.config import ConfigError, TrainConfig, dump, field_docs
 from trainer.data import (
     BatchPlan,
+    ResumableSampler,
+    StreamPosition,
     epoch_iterator,
     eval_batches,
     largest_divisor_plan,
@@ -45,10 +50,12 @@ from trainer.data import (
 )
 from trainer.errors import UserCodeError
 from trainer.hardware import peak_flops
+from trainer.loop_state import Feed, LoopState, Net, Parts, Saved, Start
 from trainer.optim import Schedule, build_optimizer
 from trainer.precision import make_amp
 from trainer.preemption import StopRequest
 from trainer.runtime import Runtime, compile_cache_dir, prepare
+from trainer.summary import Summary
 
 log = logging.getLogger(__name__)
 
@@ -267,39 +274,134 @@ def train(
 
 def record_failure(out: Path, exc: BaseException) -> None:
     """summary.json says 'failed' with the error; events.jsonl closes the session with 'fail'."""
+    from trainer.errors import exit_code_for
     from trainer.report import write_summary
 
-    summary_path = out / "summary.json"
-    summary: dict[str, Any] = {}
+    earlier: dict[str, Any] = {}
     with contextlib.suppress(OSError, ValueError):
-        summary = json.loads(summary_path.read_text())
-    from trainer.errors import exit_code_for
-
-    summary.update(
-        {
-            "status": "failed",
-            "error": f"{type(exc).__name__}: {exc}",
-            "exit_code": exit_code_for(exc),
-            "time": time.time(),
-        }
-    )
-    write_summary(out, summary)
+        earlier = json.loads((out / "summary.json").read_text())
+    summary = Summary.from_dict(earlier if isinstance(earlier, dict) else {})
+    summary.status, summary.error = "failed", f"{type(exc).__name__}: {exc}"
+    summary.exit_code, summary.time = exit_code_for(exc), time.time()
+    write_summary(out, summary.to_dict())
     events = metrics.JsonLines(out / "events.jsonl")
     events.write({"event": "fail", "time": time.time(), "error": f"{type(exc).__name__}: {exc}"})
     events.close()
 
 
 def _train(rt: Runtime, out: Path, on_step: Callable[[int], None] | None, started: float) -> RunResult:
-    config, world, device = rt.config, rt.world, rt.world.device
-    main = world.is_main
-    collate = rt.loss_fn.collate  # the user's collate_fn (None: torch's default)
-    if main:
+    """One session: set up, resume, loop, summarise. Each part of a step is a function below this one."""
+    config, world = rt.config, rt.world
+    if world.is_main:
         out.mkdir(parents=True, exist_ok=True)
     if config.compile:
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compile_cache_dir(config, out)))
     seed_everything(config.seed)
 
-    # -- batch plan: fixed, or found by trial on a throwaway model (its RNG use is forked away)
+    # -- batch plan (fixed, or found by trial), model, optimizer, precision
+    feed, found = batch_plan(rt)
+    steps_per_epoch = feed.sampler.steps_per_epoch
+    total_steps = config.epochs * steps_per_epoch if config.epochs else config.steps
+    net = build_net(rt, feed.plan, total_steps)
+
+    # -- resume from the newest checkpoint that loads (rank 0 reads, everyone receives)
+    ckpts = CheckpointManager(out / "checkpoints", keep=config.keep_checkpoints)
+    saved = read_checkpoint(rt, out, ckpts)
+    model_code = model_fingerprint(rt.model_fn)
+    feed, oom_fallbacks, oom_restart = keep_oom_lowering(rt, feed, saved)
+    resolved = resolve_config(rt, out, feed.plan)
+    start = restore(rt, out, saved, resolved, net, model_code, steps_per_epoch)
+
+    # -- run files (rank 0 only): resolved config, metrics (redone steps dropped), events
+    # A folder with earlier sessions but no loadable checkpoint is a restart from step 0, not a new run.
+    restarted = saved.state is not None or (
+        world.is_main and any(True for _ in metrics.read_jsonl(out / "events.jsonl"))
+    )
+    events, metric_log, lost_steps, wall_s = open_run_files(rt, out, resolved, start, restarted)
+    if saved.state is not None:
+        rngs = saved.state["rng"]
+        set_rng_state(rngs[world.rank] if len(rngs) == world.size else rngs[0])
+    p = Parts(
+        rt=rt,
+        out=out,
+        net=net,
+        ckpts=ckpts,
+        model_code=model_code,
+        total_steps=total_steps,
+        steps_per_epoch=steps_per_epoch,
+        resumed_from=start.step if restarted else None,
+        events=events,
+        metric_log=metric_log,
+        gpu=metrics.GpuProbe(world.device),
+    )
+    s = LoopState(
+        feed=feed,
+        resolved=resolved,
+        clock=metrics.Clock(wall_s, start=started),
+        step=start.step,
+        epoch=start.epoch,
+        step_in_epoch=start.step_in_epoch,
+        oom_fallbacks=oom_fallbacks,
+    )
+    announce(p, s, found, saved, start, lost_steps, oom_restart)
+
+    # -- the loop: micro-batches, optimizer step, agree on stop/save, log, evaluate, checkpoint
+    metrics.cpu_utilisation()
+    net.model.train()
+    s.start_loop()
+    with StopRequest() as stop_request:
+        while s.step < total_steps:
+            loss: torch.Tensor | float | None = None
+            try:
+                loss = accumulate_gradients(p, s)
+            except Exception as exc:
+                if not is_oom(exc):
+                    raise
+                raise_unless_oom_is_recoverable(p, s, exc)
+            if loss is None:  # out of memory: handled here, outside the except block that pins the tensors
+                recover_from_oom(p, s)
+                continue
+            lr = optimizer_step(p, s)
+            epoch_end = advance(p, s)
+            stop, timer_due, epoch_due = agree_on_stop_and_saves(p, s, stop_request, epoch_end)
+            last_step = s.step == total_steps
+            if s.step % config.log_every_steps == 0 or stop or last_step:
+                log_step(p, s, loss, lr)
+            if every(config.eval_every_steps, s.step) and not (last_step or stop):
+                stop = evaluate_between_steps(p, s, stop_request)
+            reason = checkpoint_reason(config, s.step, stop, last_step, epoch_due, timer_due)
+            if reason is not None:
+                save_checkpoint(p, s, reason)
+            if on_step is not None:
+                on_step(s.step)
+            if stop:
+                record_stop(p, s, stop_request)
+                break
+
+    loop_s = time.monotonic() - s.loop_start
+    if s.status == "completed":  # the last step's checkpoint is on disk: a stop now only skips the evaluation
+        final_evaluation(p, s)
+    summary = write_run_summary(p, s, loop_s) if world.is_main else {}
+    code = exit_codes.COMPLETED if s.status == "completed" else exit_codes.PREEMPTED
+    return RunResult(status=s.status, exit_code=code, out_dir=out, summary=summary)
+
+
+# -- setup ---------------------------------------------------------------------------------------
+
+
+def make_feed(rt: Runtime, plan: BatchPlan, sampler: ResumableSampler | StreamPosition | None = None) -> Feed:
+    """The loader for ``plan``, with its own generator (its sampler made here unless given)."""
+    if sampler is None:
+        sampler = make_position(rt.train_data, plan, rt.world.rank, rt.config.seed)
+    loader, generator = make_loader(rt.train_data, sampler, rt.num_workers, rt.pin_memory, rt.loss_fn.collate)
+    return Feed(plan, sampler, loader, generator)
+
+
+def batch_plan(rt: Runtime) -> tuple[Feed, BatchResult | None]:
+    """The batch plan and its loader: a fixed micro-batch, or one found by trial on a throwaway model
+    (its RNG use is forked away). An impossible batch for this world size or dataset is a ConfigError."""
+    config, world = rt.config, rt.world
+    found = None
     try:
         n_train = sized_len(rt.train_data)  # None for a stream
         if config.effective_batch_size and n_train is not None and config.effective_batch_size > n_train:
@@ -313,16 +415,16 @@ def _train(rt: Runtime, out: Path, on_step: Callable[[int], None] | None, starte
             )
             plan = plan_batches(found.plan["micro_batch"], config.effective_batch_size, world.size)
         else:
-            found = None
             plan = plan_batches(int(config.batch_size), config.effective_batch_size, world.size)
         sampler = make_position(rt.train_data, plan, world.rank, config.seed)
-    except ValueError as exc:  # an impossible batch for this world size / dataset: the user's to fix
+    except ValueError as exc:  # the user's to fix
         raise ConfigError([str(exc)]) from None
-    steps_per_epoch = sampler.steps_per_epoch
-    total_steps = config.epochs * steps_per_epoch if config.epochs else config.steps
-    loader, loader_gen = make_loader(rt.train_data, sampler, rt.num_workers, rt.pin_memory, collate)
+    return make_feed(rt, plan, sampler), found
 
-    # -- model, optimizer, precision
+
+def build_net(rt: Runtime, plan: BatchPlan, total_steps: int) -> Net:
+    """Model (channels-last, compiled, DDP-wrapped as decided), optimizer, LR schedule and precision."""
+    config, device = rt.config, rt.world.device
     raw_model = rt.model_fn().to(device)
     if rt.channels_last:
         raw_model = raw_model.to(memory_format=torch.channels_last)
@@ -332,14 +434,20 @@ def _train(rt: Runtime, out: Path, on_step: Callable[[int], None] | None, starte
     model: nn.Module = raw_model
     if config.compile:
         model = torch.compile(model)
-    if world.distributed:
+    if rt.world.distributed:
         model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = build_optimizer(config, raw_model, device)
     schedule = Schedule(config, optimizer, total_steps)  # before a resume loads the optimizer's LRs
     amp = make_amp(rt.precision, device.type)
-    resolved = config.model_copy(
+    params = [p for p in raw_model.parameters() if p.requires_grad]
+    return Net(raw_model, model, params, optimizer, schedule, amp, n_params, fps)
+
+
+def resolve_config(rt: Runtime, out: Path, plan: BatchPlan) -> TrainConfig:
+    """The config as this run resolved it (device, precision, batch...): config.yaml and each checkpoint."""
+    return rt.config.model_copy(
         update={
-            "device": device.type,
+            "device": rt.world.device.type,
             "precision": rt.precision,
             "batch_size": plan.micro_batch,
             "effective_batch_size": plan.global_batch,
@@ -350,18 +458,24 @@ def _train(rt: Runtime, out: Path, on_step: Callable[[int], None] | None, starte
         }
     )
 
-    # -- resume from the newest checkpoint that loads (rank 0 reads, everyone receives)
-    ckpts = CheckpointManager(out / "checkpoints", keep=config.keep_checkpoints)
+
+def read_checkpoint(rt: Runtime, out: Path, ckpts: CheckpointManager) -> Saved:
+    """Rank 0 reads the newest checkpoint that verifies (and an OOM record); every rank receives it.
+
+    Raises NoValidCheckpoint on every rank (the others would wait in the broadcast otherwise) when
+    checkpoints exist but none verifies and a fresh start is not allowed.
+    """
+    world = rt.world
     state: dict[str, Any] | None = None
     skipped: list[str] = []
     resumed_file, no_valid, oom_record = "", None, None
-    if main:
+    if world.is_main:
         oom_record = read_oom_record(out)
         for stale in ckpts.remove_stale_temporaries():
             log.warning("removed a checkpoint a killed writer left half-written: %s", stale.name)
         try:
-            found_ckpt = ckpts.load_for_resume(config.allow_fresh_start)
-        except NoValidCheckpoint as exc:  # every rank must hear it, or the others wait in broadcast
+            found_ckpt = ckpts.load_for_resume(rt.config.allow_fresh_start)
+        except NoValidCheckpoint as exc:
             found_ckpt, no_valid = None, str(exc)
         if found_ckpt is not None:
             state, resumed_file = found_ckpt.state, found_ckpt.path.name
@@ -375,382 +489,440 @@ def _train(rt: Runtime, out: Path, on_step: Callable[[int], None] | None, starte
         state, no_valid, resumed_file, oom_record = box[0]
     if no_valid is not None:
         raise NoValidCheckpoint(no_valid)
-    model_code = model_fingerprint(rt.model_fn)
-    config_changes: list[str] = []
-    oom_fallbacks: list[dict[str, int]] = []
-    step, epoch, step_in_epoch, carried_wall = 0, 0, 0, 0.0
-    # An OOM lowered the micro-batch in an earlier session: starting high again would OOM again. The
-    # checkpoint keeps it, and under DDP so does the failing rank's record; the lower one is the newer
-    # (a tie goes to the checkpoint: the record was applied and saved already).
-    lowered = newest_oom_lowering(plan.global_batch, state, oom_record)
-    oom_restart: dict[str, Any] | None = None  # the record, when it is what lowers the micro-batch now
-    if lowered is not None and int(lowered["oom_micro_batch"]) < plan.micro_batch:
-        plan = largest_divisor_plan(int(lowered["oom_micro_batch"]), plan.global_batch, world.size)
-        sampler = make_position(rt.train_data, plan, world.rank, config.seed)
-        loader, loader_gen = make_loader(rt.train_data, sampler, rt.num_workers, rt.pin_memory, collate)
-        resolved = resolved.model_copy(update={"batch_size": plan.micro_batch})
-        oom_fallbacks = list(lowered.get("oom_fallbacks", []))
-        oom_restart = lowered if lowered is oom_record else None
-        log.info("keeping micro-batch %d x %d, lowered after an OOM", plan.micro_batch, plan.accum_steps)
-    if state is not None:
-        changes = resume_rules.compare(
-            state.get("config", {}), resolved.to_dict(), {k: d for k, (d, _) in field_docs().items()}
-        )
-        if changes.refused and not config.allow_config_change:
-            raise ConfigError(resume_rules.refusal(changes, resumed_file, str(out)))
-        config_changes = changes.allowed + [f"{c} (allowed by allow_config_change)" for c in changes.refused]
-        if state.get("model_code") not in (None, model_code):
-            config_changes.append("the model's code changed (its parameters still match the checkpoint)")
-        for change in config_changes:
-            log.warning("resuming with a change since %s: %s", resumed_file, change)
-        try:
-            raw_model.load_state_dict(state["model"])
-        except RuntimeError as exc:  # missing, unexpected or resized parameters
-            raise ConfigError(resume_rules.model_mismatch(exc, resumed_file)) from None
-        optimizer.load_state_dict(state["optimizer"])
-        schedule.load_state_dict(state.get("scheduler"))
-        amp.scaler.load_state_dict(state["scaler"])
-        step, epoch, step_in_epoch = int(state["step"]), int(state["epoch"]), int(state["step_in_epoch"])
-        carried_wall = float(state.get("wall_s", 0.0))
-        if int(state.get("global_batch", plan.global_batch)) != plan.global_batch:
-            log.warning(
-                "the global batch changed since the checkpoint (%s -> %s): resume is not exact",
-                state.get("global_batch"),
-                plan.global_batch,
-            )
-        if steps_per_epoch is not None and step_in_epoch >= steps_per_epoch:  # fewer, larger steps now
-            epoch, step_in_epoch = epoch + 1, 0
+    return Saved(state, resumed_file, skipped, oom_record)
 
-    # -- run files (rank 0 only): resolved config, metrics (redone steps dropped), events.
-    # A folder with earlier sessions but no loadable checkpoint is a restart from step 0, not a new run.
-    restarted = state is not None or (main and any(True for _ in metrics.read_jsonl(out / "events.jsonl")))
-    events = metrics.JsonLines(out / "events.jsonl") if main else None
-    metric_log: metrics.JsonLines | None = None
-    lost_steps = 0
-    if main:
+
+def keep_oom_lowering(
+    rt: Runtime, feed: Feed, saved: Saved
+) -> tuple[Feed, list[dict[str, int]], dict[str, Any] | None]:
+    """An OOM lowered the micro-batch in an earlier session: starting high again would OOM again.
+
+    The checkpoint keeps it, and under DDP so does the failing rank's record; the lower one is the
+    newer (a tie goes to the checkpoint: the record was applied and saved already). Returns the feed
+    to use, the fallbacks so far, and the record when it is what lowers the micro-batch now.
+    """
+    plan = feed.plan
+    lowered = newest_oom_lowering(plan.global_batch, saved.state, saved.oom_record)
+    if lowered is None or int(lowered["oom_micro_batch"]) >= plan.micro_batch:
+        return feed, [], None
+    plan = largest_divisor_plan(int(lowered["oom_micro_batch"]), plan.global_batch, rt.world.size)
+    log.info("keeping micro-batch %d x %d, lowered after an OOM", plan.micro_batch, plan.accum_steps)
+    oom_restart = lowered if lowered is saved.oom_record else None
+    return make_feed(rt, plan), list(lowered.get("oom_fallbacks", [])), oom_restart
+
+
+def restore(
+    rt: Runtime,
+    out: Path,
+    saved: Saved,
+    resolved: TrainConfig,
+    net: Net,
+    model_code: str,
+    steps_per_epoch: int | None,
+) -> Start:
+    """Load the checkpoint into model, optimizer, schedule and scaler; refuse unsafe config changes."""
+    state, config = saved.state, rt.config
+    if state is None:
+        return Start()
+    changes = resume_rules.compare(
+        state.get("config", {}), resolved.to_dict(), {k: d for k, (d, _) in field_docs().items()}
+    )
+    if changes.refused and not config.allow_config_change:
+        raise ConfigError(resume_rules.refusal(changes, saved.file, str(out)))
+    config_changes = changes.allowed + [f"{c} (allowed by allow_config_change)" for c in changes.refused]
+    if state.get("model_code") not in (None, model_code):
+        config_changes.append("the model's code changed (its parameters still match the checkpoint)")
+    for change in config_changes:
+        log.warning("resuming with a change since %s: %s", saved.file, change)
+    try:
+        net.raw_model.load_state_dict(state["model"])
+    except RuntimeError as exc:  # missing, unexpected or resized parameters
+        raise ConfigError(resume_rules.model_mismatch(exc, saved.file)) from None
+    net.optimizer.load_state_dict(state["optimizer"])
+    net.schedule.load_state_dict(state.get("scheduler"))
+    net.amp.scaler.load_state_dict(state["scaler"])
+    step, epoch, step_in_epoch = int(state["step"]), int(state["epoch"]), int(state["step_in_epoch"])
+    global_batch = int(resolved.effective_batch_size or 0)
+    if int(state.get("global_batch", global_batch)) != global_batch:
+        log.warning(
+            "the global batch changed since the checkpoint (%s -> %s): resume is not exact",
+            state.get("global_batch"),
+            global_batch,
+        )
+    if steps_per_epoch is not None and step_in_epoch >= steps_per_epoch:  # fewer, larger steps now
+        epoch, step_in_epoch = epoch + 1, 0
+    return Start(step, epoch, step_in_epoch, float(state.get("wall_s", 0.0)), config_changes)
+
+
+def open_run_files(
+    rt: Runtime, out: Path, resolved: TrainConfig, start: Start, restarted: bool
+) -> tuple[metrics.JsonLines | None, metrics.JsonLines | None, int, float]:
+    """Rank 0 writes config.yaml, drops metrics of steps this session redoes, opens events and metrics.
+
+    Returns (events, metrics, lost steps, wall seconds carried over); the wall time is the most any
+    rank knows (the checkpoint's, or the newest metrics line's when that is later).
+    """
+    events = metric_log = None
+    lost_steps, wall_s = 0, start.wall_s
+    if rt.world.is_main:
+        events = metrics.JsonLines(out / "events.jsonl")
         (out / "config.yaml").write_text(dump(resolved))
-        last = metrics.truncate_after(out / "metrics.jsonl", step) if restarted else None
+        last = metrics.truncate_after(out / "metrics.jsonl", start.step) if restarted else None
         if last is not None:
-            lost_steps = max(0, int(last.get("step", step)) - step)
-            carried_wall = max(carried_wall, float(last.get("wall_s", 0.0)))
+            lost_steps = max(0, int(last.get("step", start.step)) - start.step)
+            wall_s = max(wall_s, float(last.get("wall_s", 0.0)))
         metric_log = metrics.JsonLines(out / "metrics.jsonl")
-    carried_wall = distributed.agree_max(world, [carried_wall])[0]
-    if state is not None:
-        rngs = state["rng"]
-        set_rng_state(rngs[world.rank] if len(rngs) == world.size else rngs[0])
+    wall_s = distributed.agree_max(rt.world, [wall_s])[0]
+    return events, metric_log, lost_steps, wall_s
 
-    def event(kind: str, **fields: Any) -> None:
-        if events is not None:
-            events.write({"event": kind, "time": time.time(), "step": step, **fields})
 
-    if not restarted:
-        event(
-            "start",
-            world_size=world.size,
-            plan=plan.__dict__,
-            params=n_params,
-            precision=rt.precision,
-            device=str(device),
-            find_batch=found.to_dict() if found else None,
-        )
+def event(p: Parts, s: LoopState, kind: str, **fields: Any) -> None:
+    """One line of events.jsonl (rank 0 only), stamped with the time and the step."""
+    if p.events is not None:
+        p.events.write({"event": kind, "time": time.time(), "step": s.step, **fields})
+
+
+def announce(
+    p: Parts,
+    s: LoopState,
+    found: BatchResult | None,
+    saved: Saved,
+    start: Start,
+    lost_steps: int,
+    oom_restart: dict[str, Any] | None,
+) -> None:
+    """The session's first events (start, or resume with what it lost) and its one log line."""
+    rt, plan = p.rt, s.feed.plan
+    world, device = rt.world, rt.world.device
+    if p.resumed_from is None:
+        find = found.to_dict() if found else None
+        event(p, s, "start", world_size=world.size, plan=plan.__dict__, params=p.net.n_params,
+              precision=rt.precision, device=str(device), find_batch=find)  # fmt: skip
     else:
-        event(
-            "resume",
-            resumed_from_step=step,
-            lost_steps=lost_steps,
-            skipped_checkpoints=skipped,
-            world_size=world.size,
-            config_changes=config_changes,
-        )
-    if oom_restart is not None and oom_fallbacks:
-        last_oom = oom_fallbacks[-1]
-        event("oom", from_micro_batch=last_oom["from"], micro_batch=plan.micro_batch, accum=plan.accum_steps,
-              rank=oom_restart.get("rank"), failed_at_step=last_oom["step"])  # fmt: skip
-    resumed_from = step if restarted else None
-    if main:
+        event(p, s, "resume", resumed_from_step=s.step, lost_steps=lost_steps,
+              skipped_checkpoints=saved.skipped, world_size=world.size,
+              config_changes=start.config_changes)  # fmt: skip
+    if oom_restart is not None and s.oom_fallbacks:
+        last_oom = s.oom_fallbacks[-1]
+        event(p, s, "oom", from_micro_batch=last_oom["from"], micro_batch=plan.micro_batch,
+              accum=plan.accum_steps, rank=oom_restart.get("rank"),
+              failed_at_step=last_oom["step"])  # fmt: skip
+    if p.main:
         log.info(
             "training %s: %s parameters, %s on %s x%d, micro-batch %d x accumulation %d x %d processes = "
             "global batch %d, %d steps (%s per epoch), start at step %d",
-            config.model,
-            f"{n_params:,}",
-            rt.precision,
-            device.type,
-            world.size,
-            plan.micro_batch,
-            plan.accum_steps,
-            world.size,
-            plan.global_batch,
-            total_steps,
-            steps_per_epoch,
-            step,
+            rt.config.model, f"{p.net.n_params:,}", rt.precision, device.type, world.size, plan.micro_batch,
+            plan.accum_steps, world.size, plan.global_batch, p.total_steps, p.steps_per_epoch, s.step,
+        )  # fmt: skip
+
+
+# -- one step --------------------------------------------------------------------------------------
+
+
+def next_batch(p: Parts, s: LoopState) -> Any:
+    """The next micro-batch; a stream's pass that ended (always between steps) starts the next pass."""
+    assert s.iterator is not None
+    batch = next(s.iterator, None)
+    if batch is None:
+        s.epoch, s.step_in_epoch = s.epoch + 1, 0
+        s.iterator = epoch_iterator(s.feed.loader, s.feed.generator, p.config.seed, s.epoch, 0)
+        batch = next(s.iterator, None)
+        if batch is None:
+            raise UserCodeError(
+                f"data: {p.config.data} yielded less than one global batch "
+                f"({s.feed.plan.global_batch} samples) in a pass"
+            )
+    return batch
+
+
+def accumulate_gradients(p: Parts, s: LoopState) -> torch.Tensor | float:
+    """Forward and backward over the step's micro-batches; the step's loss (detached, summed).
+
+    Under DDP, gradients are all-reduced on the last micro-batch only (``no_sync`` before it).
+    """
+    net, plan, device = p.net, s.feed.plan, p.rt.world.device
+    ddp = isinstance(net.model, DistributedDataParallel)
+    if s.iterator is None:  # at start, after an epoch's end or an OOM: from the position
+        s.iterator = epoch_iterator(s.feed.loader, s.feed.generator, p.config.seed, s.epoch, s.step_in_epoch)
+    loss_acc: torch.Tensor | float = 0.0
+    for micro in range(plan.accum_steps):
+        wait_start = time.perf_counter()
+        batch = next_batch(p, s)
+        s.data_wait += time.perf_counter() - wait_start
+        batch = to_device(batch, device, p.rt.channels_last)
+        last_micro = micro == plan.accum_steps - 1
+        sync = net.model.no_sync() if ddp and not last_micro else contextlib.nullcontext()
+        with sync:
+            with net.amp.autocast():
+                loss = p.rt.loss_fn(net.model, batch).loss
+                if plan.accum_steps > 1:
+                    loss = loss / plan.accum_steps
+            net.amp.scaler.scale(loss).backward()
+        loss_acc = loss.detach() if micro == 0 else loss_acc + loss.detach()
+    return loss_acc
+
+
+def raise_unless_oom_is_recoverable(p: Parts, s: LoopState, exc: BaseException) -> None:
+    """An OOM this process cannot get past: at micro-batch 1 (the user's to fix), or under DDP.
+
+    Under DDP the peers wait in a collective, so this rank cannot retry alone: it records the lowered
+    micro-batch in oom.json and fails; the restart goes on from the newest checkpoint with it.
+    """
+    plan, world, step = s.feed.plan, p.rt.world, s.step
+    if plan.micro_batch == 1:
+        raise oom_at_micro_batch_1(step, exc) from exc
+    if not world.distributed:
+        return
+    lower = lower_micro_batch(plan)
+    fallback = {"step": step, "from": plan.micro_batch, "to": lower.micro_batch}
+    record = {"oom_micro_batch": lower.micro_batch, "global_batch": plan.global_batch,
+              "oom_fallbacks": [*s.oom_fallbacks, fallback], "rank": world.rank,
+              "error": f"{type(exc).__name__}: {exc}"}  # fmt: skip
+    write_oom_record(p.out, record)
+    raise RuntimeError(
+        f"out of memory on rank {world.rank} at step {step} with micro-batch "
+        f"{plan.micro_batch}: recorded in {OOM_RECORD}; the restart goes on from the newest "
+        f"checkpoint with {lower.micro_batch} x {lower.accum_steps} accumulation ({exc})"
+    ) from exc
+
+
+def recover_from_oom(p: Parts, s: LoopState) -> None:
+    """Alone, after an OOM: the same step again with a smaller micro-batch (same global batch), saved."""
+    p.net.optimizer.zero_grad(set_to_none=True)
+    free_memory(p.rt.world.device)
+    before = s.feed.plan.micro_batch
+    s.feed = make_feed(p.rt, lower_micro_batch(s.feed.plan))
+    plan = s.feed.plan
+    s.iterator = None  # the same step again, its samples split into smaller micro-batches
+    s.resolved = s.resolved.model_copy(update={"batch_size": plan.micro_batch})
+    s.oom_fallbacks.append({"step": s.step, "from": before, "to": plan.micro_batch})
+    log.warning(
+        "out of memory at step %d with micro-batch %d: saving, then going on with %d x %d "
+        "accumulation (global batch %d unchanged)",
+        s.step, before, plan.micro_batch, plan.accum_steps, plan.global_batch,
+    )  # fmt: skip
+    event(p, s, "oom", from_micro_batch=before, micro_batch=plan.micro_batch, accum=plan.accum_steps)
+    save_checkpoint(p, s, "oom")
+
+
+def optimizer_step(p: Parts, s: LoopState) -> float:
+    """Set this step's LR, clip (unscaled) gradients, step and clear them; returns the LR."""
+    net, config = p.net, p.config
+    lr = net.schedule.set_lr(s.step)
+    if config.grad_clip > 0:
+        net.amp.scaler.unscale_(net.optimizer)
+        clip_gradients(net.params, config.grad_clip, p.rt.world.device)
+    net.amp.scaler.step(net.optimizer)
+    net.amp.scaler.update()
+    net.schedule.step()
+    net.optimizer.zero_grad(set_to_none=True)
+    return lr
+
+
+def advance(p: Parts, s: LoopState) -> bool:
+    """Count the step done; True when it ended an epoch (the next step starts the next epoch's iterator)."""
+    s.step += 1
+    s.step_in_epoch += 1
+    if s.step_in_epoch != p.steps_per_epoch:
+        return False
+    s.epoch, s.step_in_epoch, s.iterator = s.epoch + 1, 0, None
+    return True
+
+
+def agree_on_stop_and_saves(
+    p: Parts, s: LoopState, stop_request: StopRequest, epoch_end: bool
+) -> tuple[bool, bool, bool]:
+    """(stop, timer save, epoch save), the same on every rank: one tiny all-reduce per step.
+
+    Stop: any rank got SIGTERM. Timer: rank 0's checkpoint_every_s elapsed. Epoch: an epoch ended and
+    checkpoint_min_interval_s passed (a small dataset's epochs come every second or so: no point
+    hitting the disk that often).
+    """
+    config = p.config
+    since_ckpt = time.monotonic() - s.last_ckpt_time
+    timer_due = p.main and config.checkpoint_every_s > 0 and since_ckpt >= config.checkpoint_every_s
+    epoch_due = p.main and epoch_end and since_ckpt >= config.checkpoint_min_interval_s
+    stop, timer, epoch = distributed.agree_max(
+        p.rt.world, [float(stop_request.requested), float(timer_due), float(epoch_due)]
+    )
+    return stop > 0, timer > 0, epoch > 0
+
+
+def mfu(p: Parts, samples_per_s: float) -> float | None:
+    """Model FLOPs utilisation: counted FLOPs per sample x throughput over the GPU's peak (None unknown)."""
+    if p.net.flops_per_sample is None:
+        return None
+    peak = peak_flops(torch.cuda.get_device_name(p.rt.world.device), p.rt.precision)
+    return p.net.flops_per_sample * samples_per_s / peak if peak else None
+
+
+def log_step(p: Parts, s: LoopState, loss: torch.Tensor | float, lr: float) -> None:
+    """A metrics.jsonl line and a progress line (rank 0) over the window since the last log step.
+
+    The only host sync of the loop: the loss is averaged over ranks here, not every step.
+    """
+    world, plan = p.rt.world, s.feed.plan
+    loss_mean = distributed.sum_over_ranks(world, [float(loss)])[0] / world.size
+    s.final_loss = loss_mean
+    steps_done = max(1, s.step - s.window_step)
+    elapsed = time.perf_counter() - s.window_start
+    wall = s.clock.total_s()
+    record: dict[str, Any] = {
+        "step": s.step,
+        "loss": loss_mean,
+        "lr": lr,
+        "samples_per_s": steps_done * plan.global_batch / max(elapsed, 1e-9),
+        "step_time_s": elapsed / steps_done,
+        "data_wait_s": s.data_wait / steps_done,
+        "gpu_mem_gb": p.gpu.peak_memory_gb(),
+        "gpu_util": p.gpu.utilisation(),
+        "cpu_util": metrics.cpu_utilisation(),
+        "cost_usd": metrics.cost_usd(wall, p.config.price_per_hour),
+        "wall_s": wall,
+        "time": time.time(),
+        "epoch": s.epoch,
+    }
+    if p.net.flops_per_sample is not None:
+        record["mfu"] = mfu(p, record["samples_per_s"])
+    if p.metric_log is not None:
+        p.metric_log.write(record)
+        rate = (s.step - s.loop_start_step) / max(time.monotonic() - s.loop_start, 1e-9)
+        eta = (p.total_steps - s.step) / rate if rate else None
+        print(metrics.progress_line(record, p.total_steps, eta), flush=True)
+    s.window_start, s.window_step, s.data_wait = time.perf_counter(), s.step, 0.0
+
+
+def eval_batch_size(p: Parts, s: LoopState) -> int:
+    return p.config.eval_batch_size or s.feed.plan.micro_batch
+
+
+def evaluate_between_steps(p: Parts, s: LoopState, stop_request: StopRequest) -> bool:
+    """Evaluate now; True when a SIGTERM came during it (save now, evaluate after the restart)."""
+    evaluated = evaluate(p.net.model, p.rt, eval_batch_size(p, s), stop_check(p.rt.world, stop_request))
+    if evaluated is None:
+        event(p, s, "eval_abandoned")
+        return True
+    s.eval_result = evaluated
+    event(p, s, "eval", **evaluated)
+    return False
+
+
+def every(interval: int | None, step: int) -> bool:
+    """Whether ``step`` falls on an interval (0 or None: never)."""
+    return bool(interval) and step % interval == 0
+
+
+def checkpoint_reason(
+    config: TrainConfig, step: int, stop: bool, last_step: bool, epoch_due: bool, timer_due: bool
+) -> str | None:
+    """Why to save after this step (the first reason that holds), or None to go on."""
+    interval = every(config.checkpoint_every_steps, step)
+    reasons = {"stop": stop, "final": last_step, "epoch": epoch_due, "interval": interval, "timer": timer_due}
+    return next((name for name, hit in reasons.items() if hit), None)
+
+
+def save_checkpoint(p: Parts, s: LoopState, reason: str) -> None:
+    """Every rank's RNG state to rank 0, which writes the checkpoint atomically (trainer.checkpoint)."""
+    rngs = distributed.gather_objects(p.rt.world, rng_state())
+    if p.main:
+        net, plan = p.net, s.feed.plan
+        write_start = time.monotonic()
+        path = p.ckpts.save(
+            {
+                "step": s.step,
+                "epoch": s.epoch,
+                "step_in_epoch": s.step_in_epoch,
+                "model": net.raw_model.state_dict(),
+                "optimizer": net.optimizer.state_dict(),
+                "scaler": net.amp.scaler.state_dict(),
+                "scheduler": net.schedule.state_dict(),
+                "rng": rngs,
+                "config": s.resolved.to_dict(),
+                "global_batch": plan.global_batch,
+                "world_size": p.rt.world.size,
+                "wall_s": s.clock.total_s(),
+                "model_code": p.model_code,
+                "oom_micro_batch": plan.micro_batch if s.oom_fallbacks else 0,
+                "oom_fallbacks": s.oom_fallbacks,
+                "torch_version": str(torch.__version__),
+                "trainer_version": trainer.__version__,
+            },
+            s.step,
         )
+        write_s = round(time.monotonic() - write_start, 4)
+        event(p, s, "checkpoint", reason=reason, path=path.name, write_s=write_s)
+    s.last_saved, s.last_ckpt_time = s.step, time.monotonic()
 
-    def save_checkpoint(reason: str) -> None:
-        rngs = distributed.gather_objects(world, rng_state())
-        if main:
-            write_start = time.monotonic()
-            path = ckpts.save(
-                {
-                    "step": step,
-                    "epoch": epoch,
-                    "step_in_epoch": step_in_epoch,
-                    "model": raw_model.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "scaler": amp.scaler.state_dict(),
-                    "scheduler": schedule.state_dict(),
-                    "rng": rngs,
-                    "config": resolved.to_dict(),
-                    "global_batch": plan.global_batch,
-                    "world_size": world.size,
-                    "wall_s": clock.total_s(),
-                    "model_code": model_code,
-                    "oom_micro_batch": plan.micro_batch if oom_fallbacks else 0,
-                    "oom_fallbacks": oom_fallbacks,
-                    "torch_version": str(torch.__version__),
-                    "trainer_version": trainer.__version__,
-                },
-                step,
-            )
-            write_s = round(time.monotonic() - write_start, 4)
-            event("checkpoint", reason=reason, path=path.name, write_s=write_s)
 
-    # -- the loop
-    clock = metrics.Clock(carried_wall, start=started)
-    ddp = isinstance(model, DistributedDataParallel)
-    params = [p for p in raw_model.parameters() if p.requires_grad]
-    status, last_saved, last_ckpt_time = "completed", -1, time.monotonic()
-    loop_start, loop_start_step = time.monotonic(), step
-    window_start, window_step, data_wait = time.perf_counter(), step, 0.0
-    final_loss: float | None = None
-    eval_result: dict[str, float] = {}
-    iterator = None
-    metrics.cpu_utilisation()
-    gpu = metrics.GpuProbe(device)
-    model.train()
-    with StopRequest() as stop_request:
-        while step < total_steps:
-            if iterator is None:
-                iterator = epoch_iterator(loader, loader_gen, config.seed, epoch, step_in_epoch)
-            loss_acc: torch.Tensor | float = 0.0
-            out_of_memory = False
-            try:
-                for micro in range(plan.accum_steps):
-                    wait_start = time.perf_counter()
-                    batch = next(iterator, None)
-                    if batch is None:  # a stream's pass ended (always between steps): start the next pass
-                        epoch, step_in_epoch = epoch + 1, 0
-                        iterator = epoch_iterator(loader, loader_gen, config.seed, epoch, 0)
-                        batch = next(iterator, None)
-                        if batch is None:
-                            raise UserCodeError(
-                                f"data: {config.data} yielded less than one global batch "
-                                f"({plan.global_batch} samples) in a pass"
-                            )
-                    data_wait += time.perf_counter() - wait_start
-                    batch = to_device(batch, device, rt.channels_last)
-                    last_micro = micro == plan.accum_steps - 1
-                    sync = model.no_sync() if ddp and not last_micro else contextlib.nullcontext()
-                    with sync:
-                        with amp.autocast():
-                            loss = rt.loss_fn(model, batch).loss
-                            if plan.accum_steps > 1:
-                                loss = loss / plan.accum_steps
-                        amp.scaler.scale(loss).backward()
-                    loss_acc = loss.detach() if micro == 0 else loss_acc + loss.detach()
-            except Exception as exc:
-                if not is_oom(exc):
-                    raise
-                if plan.micro_batch == 1:
-                    raise oom_at_micro_batch_1(step, exc) from exc
-                if world.distributed:  # peers wait in a collective: this rank cannot retry alone
-                    lower = lower_micro_batch(plan)
-                    fallback = {"step": step, "from": plan.micro_batch, "to": lower.micro_batch}
-                    record = {"oom_micro_batch": lower.micro_batch, "global_batch": plan.global_batch,
-                              "oom_fallbacks": [*oom_fallbacks, fallback], "rank": world.rank,
-                              "error": f"{type(exc).__name__}: {exc}"}  # fmt: skip
-                    write_oom_record(out, record)
-                    raise RuntimeError(
-                        f"out of memory on rank {world.rank} at step {step} with micro-batch "
-                        f"{plan.micro_batch}: recorded in {OOM_RECORD}; the restart goes on from the newest "
-                        f"checkpoint with {lower.micro_batch} x {lower.accum_steps} accumulation ({exc})"
-                    ) from exc
-                out_of_memory = True  # handled below, outside the except block that pins the tensors
-            if out_of_memory:
-                batch = loss = loss_acc = None
-                optimizer.zero_grad(set_to_none=True)
-                free_memory(device)
-                before = plan.micro_batch
-                plan = lower_micro_batch(plan)
-                sampler = make_position(rt.train_data, plan, world.rank, config.seed)
-                loader, loader_gen = make_loader(
-                    rt.train_data, sampler, rt.num_workers, rt.pin_memory, collate
-                )
-                iterator = None  # the same step again, its samples split into smaller micro-batches
-                resolved = resolved.model_copy(update={"batch_size": plan.micro_batch})
-                oom_fallbacks.append({"step": step, "from": before, "to": plan.micro_batch})
-                log.warning(
-                    "out of memory at step %d with micro-batch %d: saving, then going on with %d x %d "
-                    "accumulation (global batch %d unchanged)",
-                    step,
-                    before,
-                    plan.micro_batch,
-                    plan.accum_steps,
-                    plan.global_batch,
-                )
-                event("oom", from_micro_batch=before, micro_batch=plan.micro_batch, accum=plan.accum_steps)
-                save_checkpoint("oom")
-                last_saved, last_ckpt_time = step, time.monotonic()
-                continue
-            lr = schedule.set_lr(step)
-            if config.grad_clip > 0:
-                amp.scaler.unscale_(optimizer)
-                clip_gradients(params, config.grad_clip, device)
-            amp.scaler.step(optimizer)
-            amp.scaler.update()
-            schedule.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            step_in_epoch += 1
-            epoch_end = step_in_epoch == steps_per_epoch
-            if epoch_end:
-                epoch, step_in_epoch, iterator = epoch + 1, 0, None
+def record_stop(p: Parts, s: LoopState, stop_request: StopRequest) -> None:
+    """Stopped by a signal (here or on a peer) after the save: the run is 'preempted', to be resumed."""
+    s.status = "preempted"
+    received = stop_request.received_at
+    event(p, s, "preempt", signal=stop_request.signal_name or "peer", saved_step=s.last_saved,
+          seconds_to_save=time.monotonic() - received if received else None)  # fmt: skip
 
-            # every rank agrees on "stop" (any rank got SIGTERM) and "checkpoint now" (rank 0's timer)
-            since_ckpt = time.monotonic() - last_ckpt_time
-            timer_due = main and config.checkpoint_every_s > 0 and since_ckpt >= config.checkpoint_every_s
-            # epoch ends of a small dataset come every second or so: no point hitting the disk that often
-            epoch_due = main and epoch_end and since_ckpt >= config.checkpoint_min_interval_s
-            stop_flag, timer_flag, epoch_flag = distributed.agree_max(
-                world, [float(stop_request.requested), float(timer_due), float(epoch_due)]
-            )
-            stop, epoch_save = stop_flag > 0, epoch_flag > 0
-            last_step = step == total_steps
 
-            if step % config.log_every_steps == 0 or stop or last_step:
-                loss_mean = distributed.sum_over_ranks(world, [float(loss_acc)])[0] / world.size
-                final_loss = loss_mean
-                now = time.perf_counter()
-                steps_done = max(1, step - window_step)
-                elapsed = now - window_start
-                wall = clock.total_s()
-                record = {
-                    "step": step,
-                    "loss": loss_mean,
-                    "lr": lr,
-                    "samples_per_s": steps_done * plan.global_batch / max(elapsed, 1e-9),
-                    "step_time_s": elapsed / steps_done,
-                    "data_wait_s": data_wait / steps_done,
-                    "gpu_mem_gb": gpu.peak_memory_gb(),
-                    "gpu_util": gpu.utilisation(),
-                    "cpu_util": metrics.cpu_utilisation(),
-                    "cost_usd": metrics.cost_usd(wall, config.price_per_hour),
-                    "wall_s": wall,
-                    "time": time.time(),
-                    "epoch": epoch,
-                }
-                if fps is not None:
-                    peak = peak_flops(torch.cuda.get_device_name(device), rt.precision)
-                    record["mfu"] = fps * record["samples_per_s"] / peak if peak else None
-                if metric_log is not None:
-                    metric_log.write(record)
-                    rate = (step - loop_start_step) / max(time.monotonic() - loop_start, 1e-9)
-                    print(
-                        metrics.progress_line(
-                            record, total_steps, (total_steps - step) / rate if rate else None
-                        ),
-                        flush=True,
-                    )
-                window_start, window_step, data_wait = time.perf_counter(), step, 0.0
+# -- the end ---------------------------------------------------------------------------------------
 
-            if config.eval_every_steps and step % config.eval_every_steps == 0 and not last_step and not stop:
-                evaluated = evaluate(
-                    model, rt, config.eval_batch_size or plan.micro_batch, stop_check(world, stop_request)
-                )
-                if evaluated is None:  # SIGTERM during the evaluation: save now, evaluate after the restart
-                    stop = True
-                    event("eval_abandoned")
-                else:
-                    eval_result = evaluated
-                    event("eval", **eval_result)
 
-            every_steps = config.checkpoint_every_steps and step % config.checkpoint_every_steps == 0
-            if timer_flag > 0 or epoch_save or every_steps or stop or last_step:
-                reasons = {"stop": stop, "final": last_step, "epoch": epoch_save, "interval": every_steps}
-                reason = next((name for name, hit in reasons.items() if hit), "timer")
-                save_checkpoint(reason)
-                last_saved, last_ckpt_time = step, time.monotonic()
-            if on_step is not None:
-                on_step(step)
-            if stop:
-                status = "preempted"
-                event(
-                    "preempt",
-                    signal=stop_request.signal_name or "peer",
-                    saved_step=last_saved,
-                    seconds_to_save=time.monotonic() - stop_request.received_at
-                    if stop_request.received_at
-                    else None,
-                )
-                break
+def final_evaluation(p: Parts, s: LoopState) -> None:
+    """Evaluate the finished run; a SIGTERM now leaves it 'preempted' (the restart finds the final
+    checkpoint and evaluates)."""
+    with StopRequest() as final_stop:
+        evaluated = evaluate(p.net.model, p.rt, eval_batch_size(p, s), stop_check(p.rt.world, final_stop))
+    if evaluated is None:
+        s.status = "preempted"
+        signal_name = final_stop.signal_name or "peer"
+        event(p, s, "preempt", signal=signal_name, saved_step=s.last_saved, during="evaluation")
+    else:
+        s.eval_result = evaluated
+        event(p, s, "finish", **evaluated)
 
-    loop_s = time.monotonic() - loop_start
-    if status == "completed":  # the last step's checkpoint is on disk: a stop now only skips the evaluation
-        with StopRequest() as final_stop:
-            evaluated = evaluate(
-                model, rt, config.eval_batch_size or plan.micro_batch, stop_check(world, final_stop)
-            )
-        if evaluated is None:
-            status = "preempted"  # the restart finds the final checkpoint and evaluates
-            signal_name = final_stop.signal_name or "peer"
-            event("preempt", signal=signal_name, saved_step=last_saved, during="evaluation")
-        else:
-            eval_result = evaluated
-            event("finish", **eval_result)
-    samples_per_s = (step - loop_start_step) * plan.global_batch / max(loop_s, 1e-9)
-    summary: dict[str, Any] = {}
-    if main:
-        assert metric_log is not None and events is not None
-        metric_log.close()
-        events.close()
-        past = history(out / "events.jsonl")
-        ckpt_files = ckpts.list()
-        wall_s = clock.total_s()  # read once: the summary's cost is exactly its wall time at the rate
-        summary = {
-            "status": status,
-            "steps": step,
-            "total_steps": total_steps,
-            "final_loss": final_loss,
-            "accuracy": eval_result.get("accuracy"),
-            "eval_loss": eval_result.get("eval_loss"),
-            "samples_per_s": samples_per_s,
-            "wall_s": wall_s,
-            "cost_usd": metrics.cost_usd(wall_s, config.price_per_hour),
-            "resumed_from_step": resumed_from,
-            "lost_steps": past["lost_steps"],
-            "preemptions": past["preemptions"],
-            "last_checkpoint": ckpt_files[-1].name if ckpt_files else None,
-            "best_checkpoint": ckpt_files[-1].name if ckpt_files else None,
-            "params": n_params,
-            "precision": rt.precision,
-            "device": str(device),
-            "world_size": world.size,
-            "micro_batch": plan.micro_batch,
-            "accum_steps": plan.accum_steps,
-            "global_batch": plan.global_batch,
-            "flops_per_sample": fps,
-            "oom_fallbacks": oom_fallbacks,
-            "time": time.time(),
-        }
-        if fps is not None:
-            peak = peak_flops(torch.cuda.get_device_name(device), rt.precision)
-            summary["mfu"] = fps * samples_per_s / peak if peak else None
-        from trainer.report import render, write_summary
 
-        write_summary(out, summary)
-        if config.render_plots:
-            try:
-                render(out)
-            except Exception as exc:  # plots are insight; a missing matplotlib must not fail a finished run
-                log.warning("plots not rendered (%s); `python -m trainer report --run DIR` draws them", exc)
-    code = exit_codes.COMPLETED if status == "completed" else exit_codes.PREEMPTED
-    return RunResult(status=status, exit_code=code, out_dir=out, summary=summary)
+def write_run_summary(p: Parts, s: LoopState, loop_s: float) -> dict[str, Any]:
+    """Rank 0: close the run files, write summary.json (every field of trainer.summary) and the plots."""
+    from trainer.report import render, write_summary
+
+    assert p.metric_log is not None and p.events is not None
+    p.metric_log.close()
+    p.events.close()
+    rt, plan = p.rt, s.feed.plan
+    samples_per_s = (s.step - s.loop_start_step) * plan.global_batch / max(loop_s, 1e-9)
+    past = history(p.out / "events.jsonl")
+    ckpt_files = p.ckpts.list()
+    wall_s = s.clock.total_s()  # read once: the summary's cost is exactly its wall time at the rate
+    summary = Summary(
+        status=s.status,
+        steps=s.step,
+        total_steps=p.total_steps,
+        final_loss=s.final_loss,
+        accuracy=s.eval_result.get("accuracy"),
+        eval_loss=s.eval_result.get("eval_loss"),
+        samples_per_s=samples_per_s,
+        wall_s=wall_s,
+        cost_usd=metrics.cost_usd(wall_s, p.config.price_per_hour),
+        resumed_from_step=p.resumed_from,
+        lost_steps=past["lost_steps"],
+        preemptions=past["preemptions"],
+        last_checkpoint=ckpt_files[-1].name if ckpt_files else None,
+        best_checkpoint=ckpt_files[-1].name if ckpt_files else None,
+        params=p.net.n_params,
+        precision=rt.precision,
+        device=str(rt.world.device),
+        world_size=rt.world.size,
+        micro_batch=plan.micro_batch,
+        accum_steps=plan.accum_steps,
+        global_batch=plan.global_batch,
+        flops_per_sample=p.net.flops_per_sample,
+        mfu=mfu(p, samples_per_s),
+        oom_fallbacks=s.oom_fallbacks,
+        exit_code=exit_codes.COMPLETED if s.status == "completed" else exit_codes.PREEMPTED,
+        time=time.time(),
+    ).to_dict()
+    write_summary(p.out, summary)
+    if p.config.render_plots:
+        try:
+            render(p.out)
+        except Exception as exc:  # plots are insight; a missing matplotlib must not fail a finished run
+            log.warning("plots not rendered (%s); `python -m trainer report --run DIR` draws them", exc)
+    return summary

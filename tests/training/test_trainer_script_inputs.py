@@ -74,7 +74,7 @@ def _play(work: Path, name: str, variables: dict[str, Any]) -> dict[str, Any]:
                     {
                         "name": "Check as the role does",
                         "ansible.builtin.include_role": {
-                            "name": "trainer_run",
+                            "name": "forja.gpu.trainer_run",
                             "tasks_from": "validate.yml",
                             "public": True,
                         },

@@ -203,17 +203,24 @@ def main(fn: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
     A full disk, a rejected config, no valid checkpoint, or :class:`UserCodeError` (raise it for
     errors in your data or arguments) end with codes the unit does not restart; anything else is a
     failure (1) that a restart resumes. Use: ``sys.exit(runlib.main(train))``.
+    A script that joined a process group leaves it here.
     """
     from trainer.errors import describe, exit_code_for
 
     try:
-        return fn(sys.argv[1:] if argv is None else argv)
+        code = fn(sys.argv[1:] if argv is None else argv)
     except Exception as exc:
         code = exit_code_for(exc)
         if code == FAILED:
             log.exception("failed")
         print(describe(exc), file=sys.stderr, flush=True)
         return code
+    # A script that returns without leaving its process group lets the interpreter tear the gloo
+    # threads down while a peer is still finishing, and that peer aborts ("terminate called without
+    # an active exception"): wait for every rank, then leave (distributed.teardown).
+    if dist.is_available() and dist.is_initialized():
+        distributed.teardown(distributed.World(rank=dist.get_rank(), size=dist.get_world_size()))
+    return code
 
 
 def _current_world() -> distributed.World:

@@ -17,6 +17,15 @@ with contextlib.suppress(ImportError):  # without the trainer extra, its tests a
     # processes there).
     import torch._dynamo  # noqa: F401
 
+from pathlib import Path
+
+from ansible.plugins.loader import init_plugin_loader
+
+# forja's plugins are the collection forja.gpu: tests import and load them as Ansible does
+# (ansible_collections.forja.gpu..., filter_loader.get("forja.gpu.forja_hourly_rate")), from the
+# clone's link collections/ansible_collections/forja/gpu, the path ansible.cfg names first.
+init_plugin_loader([str(Path(__file__).resolve().parents[1] / "collections")])
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip host tests only where they cannot run at all (not root, tools missing), saying why.

@@ -4,19 +4,18 @@
 
 from __future__ import annotations
 
-import ansible.module_utils
-from ansible import constants as C
 from ansible.errors import AnsibleParserError
 from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable, Constructable
-
-# Ansible puts the configured module_utils directories on the path of modules (AnsiballZ) only; a
-# controller-side plugin needs them on the ansible.module_utils package path to share the client.
-for _path in [*C.DEFAULT_MODULE_UTILS_PATH, __file__.rsplit("/", 2)[0] + "/module_utils"]:
-    if _path not in ansible.module_utils.__path__:
-        ansible.module_utils.__path__.append(_path)
-
-from ansible.module_utils.forja_gcp import GcpClient, GcpConfig, GcpError, short_name
-from ansible.module_utils.forja_gcp_instance import instance_facts, metadata_dict
+from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import (
+    GcpClient,
+    GcpConfig,
+    GcpError,
+    short_name,
+)
+from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_instance import (
+    instance_facts,
+    metadata_dict,
+)
 
 DOCUMENTATION = r"""
 name: gcp_gpu
@@ -44,11 +43,12 @@ author: forja contributors
 extends_documentation_fragment:
   - constructed
   - inventory_cache
+  - forja.gpu.gcp_auth
 options:
   plugin:
     description: Marks this as an instance of the gcp_gpu plugin.
     required: true
-    choices: [gcp_gpu]
+    choices: [forja.gpu.gcp_gpu]
   projects:
     description: Project IDs to list. Defaults to E(FORJA_GCP_PROJECT).
     type: list
@@ -105,31 +105,6 @@ options:
     description: Page size of list calls (the API allows up to 500).
     type: int
     default: 500
-  api_url:
-    description: Compute API base URL; defaults to E(FORJA_GCP_API_URL), else C(https://compute.googleapis.com/compute/v1/).
-    type: str
-    env:
-      - name: FORJA_GCP_API_URL
-  auth_kind:
-    description:
-      - C(auto) uses O(credentials_file) if set, else O(access_token), else application default credentials.
-    type: str
-    default: auto
-    choices: [auto, serviceaccount, application, accesstoken, machineaccount]
-  credentials_file:
-    description: Path of a service-account JSON key.
-    type: path
-    env:
-      - name: FORJA_GCP_CREDENTIALS_FILE
-  access_token:
-    description: An OAuth access token.
-    type: str
-    env:
-      - name: FORJA_GCP_ACCESS_TOKEN
-  request_timeout:
-    description: Seconds to wait for one HTTP answer.
-    type: float
-    default: 30.0
   retries:
     description: Retries (with exponential backoff) of a request that met a 429, a 5xx or a network error.
     type: int
@@ -139,11 +114,11 @@ options:
 EXAMPLES = r"""
 # Smallest useful config (inventory/gcp_gpu.yml); project and key from FORJA_GCP_PROJECT and
 # FORJA_GCP_CREDENTIALS_FILE.
-plugin: gcp_gpu
+plugin: forja.gpu.gcp_gpu
 
 ---
 # One project, one zone, only running VMs, cached for ten minutes.
-plugin: gcp_gpu
+plugin: forja.gpu.gcp_gpu
 projects: [my-project]
 zones: [us-east1-d]
 filters:
@@ -155,7 +130,7 @@ cache_timeout: 600
 
 ---
 # Everything: labels filtered on the server, private addresses, extra groups and variables.
-plugin: gcp_gpu
+plugin: forja.gpu.gcp_gpu
 projects: [my-project, other-project]
 labels:
   team: research
@@ -212,7 +187,7 @@ def hostname_of(record: dict, sources: list[str]) -> str | None:
 class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
     """Read config -> cached or listed -> populate -> update cache."""
 
-    NAME = "gcp_gpu"
+    NAME = "forja.gpu.gcp_gpu"
 
     def verify_file(self, path: str) -> bool:
         return super().verify_file(path) and path.endswith(("gcp_gpu.yml", "gcp_gpu.yaml"))

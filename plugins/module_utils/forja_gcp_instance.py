@@ -17,8 +17,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ansible.module_utils.forja_gcp import short_name
-from ansible.module_utils.forja_gcp_machines import GpuSpec, gpus_of_machine_type
+from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import short_name
+from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_machines import (
+    GpuSpec,
+    gpus_of_machine_type,
+)
 
 NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 ZONE_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")

@@ -68,7 +68,7 @@ attributes:
 
 EXAMPLES = r"""
 - name: Pack the trainer and the project
-  forja_bundle:
+  forja.gpu.forja_bundle:
     sources:
       - {path: "{{ playbook_dir }}/../trainer", prefix: trainer}
       - {path: ~/my-project, prefix: project}

@@ -89,11 +89,11 @@ attributes:
 
 EXAMPLES = r"""
 - name: Find the image's PyTorch
-  torch_python_facts:
+  forja.gpu.torch_python_facts:
   register: found_torch
 
 - name: A kernel environment on it, owned by the notebook user
-  forja_torch_env:
+  forja.gpu.forja_torch_env:
     base_python: "{{ found_torch.python }}"
     path: /home/jupyter/kernels/python3
     packages: [ipykernel==6.29.5]
@@ -101,7 +101,7 @@ EXAMPLES = r"""
     mutable: true
 
 - name: A project's requirements, in an environment named by their hash
-  forja_torch_env:
+  forja.gpu.forja_torch_env:
     base_python: /opt/forja/trainer-venv/bin/python
     path: "/opt/forja/envs/{{ requirements_hash }}"
     requirements: "/opt/forja/envs/{{ requirements_hash }}.requirements.txt"

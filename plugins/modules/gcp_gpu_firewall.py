@@ -8,14 +8,18 @@ from __future__ import annotations
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.forja_gcp import (
+from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import (
     AUTH_ARGUMENT_SPEC,
     GcpClient,
     GcpError,
     config_from_params,
     short_name,
 )
-from ansible.module_utils.forja_gcp_instance import NAME_RE, SpecError, validate_source_ranges
+from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_instance import (
+    NAME_RE,
+    SpecError,
+    validate_source_ranges,
+)
 
 DOCUMENTATION = r"""
 module: gcp_gpu_firewall
@@ -29,6 +33,9 @@ description:
   - Idempotent, with check mode and C(--diff). Runs on the controller.
 version_added: "0.1.0"
 author: forja contributors
+extends_documentation_fragment:
+  - forja.gpu.gcp_auth
+  - forja.gpu.gcp_auth.modules
 options:
   name:
     description: Firewall rule name.
@@ -57,34 +64,6 @@ options:
     description: Rule priority (lower wins).
     type: int
     default: 1000
-  project:
-    description: GCP project ID. Defaults to E(FORJA_GCP_PROJECT).
-    type: str
-  api_url:
-    description: Compute API base URL; defaults to E(FORJA_GCP_API_URL).
-    type: str
-  auth_kind:
-    description: How to authenticate; see M(gcp_gpu_instance).
-    type: str
-    default: auto
-    choices: [auto, serviceaccount, application, accesstoken, machineaccount]
-  credentials_file:
-    description: Service-account JSON key; defaults to E(FORJA_GCP_CREDENTIALS_FILE).
-    type: path
-  credentials_json:
-    description: The service-account JSON key itself (never logged).
-    type: str
-  access_token:
-    description: An OAuth access token (never logged).
-    type: str
-  request_timeout:
-    description: Seconds to wait for one HTTP answer.
-    type: float
-    default: 30.0
-  operation_timeout:
-    description: Seconds to wait for the operation to finish.
-    type: float
-    default: 900.0
 notes:
   - Supports C(check_mode) and C(diff).
 seealso:
@@ -95,12 +74,12 @@ seealso:
 
 EXAMPLES = r"""
 - name: Allow SSH through IAP only
-  gcp_gpu_firewall:
+  forja.gpu.gcp_gpu_firewall:
     project: my-project
   delegate_to: localhost
 
 - name: Allow SSH from one office address as well
-  gcp_gpu_firewall:
+  forja.gpu.gcp_gpu_firewall:
     project: my-project
     source_ranges: [35.235.240.0/20, 203.0.113.7/32]
   delegate_to: localhost

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.forja_gcp import (
+from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import (
     AUTH_ARGUMENT_SPEC,
     GcpApiError,
     GcpClient,
@@ -18,7 +18,7 @@ from ansible.module_utils.forja_gcp import (
     GcpOperationError,
     config_from_params,
 )
-from ansible.module_utils.forja_gcp_instance import (
+from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_instance import (
     InstanceSpec,
     SpecError,
     comparable_view,
@@ -31,7 +31,10 @@ from ansible.module_utils.forja_gcp_instance import (
     wanted_labels,
     wanted_metadata,
 )
-from ansible.module_utils.forja_gcp_machines import MachineSpecError, resolve_gpus
+from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_machines import (
+    MachineSpecError,
+    resolve_gpus,
+)
 
 DOCUMENTATION = r"""
 module: gcp_gpu_instance
@@ -55,6 +58,9 @@ description:
   - Runs on the controller (C(delegate_to=localhost)); needs C(google-auth) and C(requests) there.
 version_added: "0.1.0"
 author: forja contributors
+extends_documentation_fragment:
+  - forja.gpu.gcp_auth
+  - forja.gpu.gcp_auth.modules
 options:
   name:
     description: Instance name (RFC 1035, 1 to 63 characters).
@@ -183,39 +189,6 @@ options:
     description: Wait for every operation to finish (the facts returned are then final).
     type: bool
     default: true
-  project:
-    description: GCP project ID. Defaults to the environment variable E(FORJA_GCP_PROJECT).
-    type: str
-  api_url:
-    description:
-      - Compute API base URL; defaults to E(FORJA_GCP_API_URL), else C(https://compute.googleapis.com/compute/v1/).
-      - Point it at the local emulator for tests and the sandbox.
-    type: str
-  auth_kind:
-    description:
-      - C(auto) uses O(credentials_json) or O(credentials_file) (or E(FORJA_GCP_CREDENTIALS_FILE)) if given,
-        else O(access_token) (or E(FORJA_GCP_ACCESS_TOKEN)), else application default credentials.
-      - C(machineaccount) uses the metadata server of the GCE VM Ansible runs on.
-    type: str
-    default: auto
-    choices: [auto, serviceaccount, application, accesstoken, machineaccount]
-  credentials_file:
-    description: Path of a service-account JSON key; defaults to E(FORJA_GCP_CREDENTIALS_FILE).
-    type: path
-  credentials_json:
-    description: The service-account JSON key itself (never logged).
-    type: str
-  access_token:
-    description: An OAuth access token (never logged).
-    type: str
-  request_timeout:
-    description: Seconds to wait for one HTTP answer.
-    type: float
-    default: 30.0
-  operation_timeout:
-    description: Seconds to wait for one operation (insert, start, stop, delete) to finish.
-    type: float
-    default: 900.0
 notes:
   - Supports C(check_mode) and C(diff).
   - Runs on the controller; use C(delegate_to=localhost) or C(connection=local).
@@ -230,7 +203,7 @@ seealso:
 
 EXAMPLES = r"""
 - name: Create the L4 training VM like the user's (g2-standard-8, us-east1-d, DLVM PyTorch 2.7 image)
-  gcp_gpu_instance:
+  forja.gpu.gcp_gpu_instance:
     name: forja-l4
     project: my-project
     zone: us-east1-d
@@ -241,7 +214,7 @@ EXAMPLES = r"""
   register: vm
 
 - name: Create a Spot VM, trying two more zones if us-east1-d is out of L4s
-  gcp_gpu_instance:
+  forja.gpu.gcp_gpu_instance:
     name: forja-l4-spot
     project: my-project
     zone: us-east1-d
@@ -256,14 +229,14 @@ EXAMPLES = r"""
   delegate_to: localhost
 
 - name: Stop the VM (the disk stays, billing of the GPU stops)
-  gcp_gpu_instance:
+  forja.gpu.gcp_gpu_instance:
     name: forja-l4
     project: my-project
     state: stopped
   delegate_to: localhost
 
 - name: Delete the VM and its boot disk
-  gcp_gpu_instance:
+  forja.gpu.gcp_gpu_instance:
     name: forja-l4
     project: my-project
     state: absent

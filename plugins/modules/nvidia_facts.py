@@ -79,11 +79,11 @@ notes:
 
 EXAMPLES = r"""
 - name: Detect the NVIDIA stack
-  nvidia_facts:
+  forja.gpu.nvidia_facts:
   register: nvidia_detected
 
 - name: Show what apt would upgrade despite the pins
-  nvidia_facts:
+  forja.gpu.nvidia_facts:
     simulate_upgrade: true
   register: nvidia_after_pinning
 

@@ -82,11 +82,11 @@ attributes:
 
 EXAMPLES = r"""
 - name: Find the image's PyTorch
-  torch_python_facts:
+  forja.gpu.torch_python_facts:
   register: found_torch
 
 - name: Use the interpreter the user named, and nothing else
-  torch_python_facts:
+  forja.gpu.torch_python_facts:
     candidates: ["{{ my_python }}"]
     only_candidates: true
     spec: ">=2.7,<2.8"

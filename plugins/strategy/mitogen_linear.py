@@ -1,7 +1,7 @@
-"""Mitogen's `linear` strategy under forja's plugin path, for re-runs about twice as fast.
+"""Mitogen's `linear` strategy as forja.gpu.mitogen_linear, for re-runs about twice as fast.
 
 forja re-exports the strategy that the pinned `mitogen` package installs in the virtualenv, so
-that ansible.cfg names only `plugins/strategy` and no path into the venv.
+that it is named by the collection's FQCN, with no path into the venv in ansible.cfg.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ description:
     Python interpreter per host alive for the whole play and sends each module's code once.
   - On forja's sandbox an idempotent C(site.yml) re-run takes about half as long as with
     C(ansible.builtin.linear) (C(bench/sandbox_bench.py) measures both).
-  - forja re-exports the strategy that the pinned C(mitogen) package installs, so C(ansible.cfg)
-    only names C(plugins/strategy).
+  - forja re-exports the strategy that the pinned C(mitogen) package installs, so it is named
+    C(forja.gpu.mitogen_linear) like the rest of the collection, with no path into the virtualenv.
 notes:
   - Opt-in, not forja's default; ansible-core 2.19 warns that strategy plugins outside
     C(ansible.builtin) are deprecated.
@@ -27,13 +27,13 @@ author:
 
 EXAMPLES = r"""
 # The whole job, or its idempotent re-run, through Mitogen:
-#   ANSIBLE_STRATEGY=mitogen_linear ansible-playbook site.yml
+#   ANSIBLE_STRATEGY=forja.gpu.mitogen_linear ansible-playbook site.yml
 # Or for one play:
 - name: Configure the GPU hosts through Mitogen
   hosts: forja_gpu
-  strategy: mitogen_linear
+  strategy: forja.gpu.mitogen_linear
   roles:
-    - role: jupyter_colab
+    - role: forja.gpu.jupyter_colab
 """
 
 from ansible_mitogen.plugins.strategy.mitogen_linear import StrategyModule

@@ -25,7 +25,7 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[trainer,test]'
+	$(PY) -m pip install -q -e '.[trainer,test,sandbox]'
 	touch $@
 
 # The golden Ubuntu image, then the Deep Learning VM layer over it (the image's Python with
@@ -34,11 +34,18 @@ golden: venv
 	$(PY) -m forja_sandbox.testhosts golden
 	$(PY) -m forja_sandbox.testhosts dlvm
 
+# The inventory is always named: ansible.cfg's default lists no hosts and asks for one. The sandbox
+# service (the Compute emulator bound to local hosts) is started here, never by an inventory.
+SANDBOX_INVENTORY := inventory/sandbox
+
 sandbox: setup
-	ansible-playbook site.yml
+	$(PY) -m forja_sandbox.service ensure
+	ansible-playbook -i $(SANDBOX_INVENTORY) site.yml
+	@echo "next: source $(VENV)/bin/activate; export FORJA_INVENTORY=$(CURDIR)/$(SANDBOX_INVENTORY); forja status"
 
 sandbox-down: venv
-	ansible-playbook playbooks/teardown.yml -e forja_teardown_delete=true
+	$(PY) -m forja_sandbox.service ensure
+	ansible-playbook -i $(SANDBOX_INVENTORY) playbooks/teardown.yml -e forja_teardown_delete=true
 
 lint: venv
 	ruff check forja forja_sandbox trainer plugins tests bench

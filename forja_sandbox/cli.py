@@ -1,7 +1,8 @@
 """`forja sandbox up | status | down`: the local sandbox cloud from the command line.
 
 `up` starts the Compute emulator bound to local hosts; then the usual commands (`forja up`,
-`forja configure`, `forja train`, …) work against it, because the sandbox is the default inventory.
+`forja configure`, `forja train`, …) work against it with its inventory named: `-i inventory/sandbox`
+or `FORJA_INVENTORY=inventory/sandbox`.
 `down` deletes every sandbox instance with its host and stops the emulator.
 """
 
@@ -32,7 +33,8 @@ def up(as_json: Annotated[bool, typer.Option("--json", help="Print the endpoint 
         out.print_json(json.dumps(endpoint))
     else:
         out.print(f"sandbox cloud up: Compute API at {endpoint['api_url']} (project {endpoint['project']})")
-        out.print("next: forja up  (or: ansible-playbook site.yml)")
+        out.print("next: export FORJA_INVENTORY=inventory/sandbox; forja up"
+                  "  (or: ansible-playbook -i inventory/sandbox site.yml)")
 
 
 @app.command()

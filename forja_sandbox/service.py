@@ -1,9 +1,10 @@
 """The sandbox cloud as a background service: the Compute emulator bound to real local hosts.
 
-`ensure_running()` is what makes the sandbox the embedded default: the sandbox inventory calls it,
-so `ansible-playbook site.yml` works with nothing started by hand. The emulator keeps its
-instances in a state file and its host bindings beside it, so stopping and starting the service
-keeps the "cloud" as it was.
+`ensure_running()` starts it: `make sandbox`, `forja sandbox up`, `python -m forja_sandbox.service
+ensure` and the tests' fixtures call it; no inventory does (an inventory lists hosts, it starts no
+daemon). Its endpoint is fixed, so inventory/sandbox states it as plain variables (`endpoint()` is
+what they must equal; a test checks it). The emulator keeps its instances in a state file and its
+host bindings beside it, so stopping and starting the service keeps the "cloud" as it was.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from forja_sandbox import testhosts
 
@@ -104,12 +106,14 @@ def _answers(url: str) -> bool:
         return False
 
 
-def ensure_running(timeout_s: float = 60.0) -> dict[str, str]:
+def ensure_running(timeout_s: float = 60.0, faults: list[dict[str, Any]] | None = None) -> dict[str, str]:
     """Start the sandbox service unless it runs; return its endpoint (URL, key file, project).
 
     A lock makes concurrent callers (several ansible-playbook runs, pytest workers) start one
     service, and only the process that bound the port writes the pid file (see `serve`), so
-    `stop_service` always stops the emulator that answers, never a loser of the race.
+    `stop_service` always stops the emulator that answers, never a loser of the race. `faults`
+    (`Faults.add` keyword sets, as FORJA_SANDBOX_FAULTS) are injected into a service started here,
+    for failure drills; a service that already runs keeps its own.
     """
     sp = paths()
     sp.root.mkdir(parents=True, exist_ok=True)
@@ -119,11 +123,14 @@ def ensure_running(timeout_s: float = 60.0) -> dict[str, str]:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not _answers(url):
             testhosts.ensure_golden()
+            env = dict(os.environ)
+            if faults is not None:
+                env["FORJA_SANDBOX_FAULTS"] = json.dumps(faults)
             with open(sp.log, "ab") as log:
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "forja_sandbox.service", "serve", "--port", str(port())],
                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    start_new_session=True, env=dict(os.environ),
+                    start_new_session=True, env=env,
                 )
             deadline = time.monotonic() + timeout_s
             while not _answers(url):

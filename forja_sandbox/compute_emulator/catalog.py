@@ -2,9 +2,11 @@
 
 The data is a small, realistic slice of Compute Engine chosen for what forja decides on: which
 zones offer the NVIDIA L4 (us-east1-c deliberately does not, so "GPU not offered in the zone"
-is testable), which machine types carry GPUs by themselves (G2/A2/A3), which accept attached
-GPUs (N1), and the images the roles boot from. Resource dicts are built per request because
-their URLs embed the emulator's base URL and the caller's project.
+is testable) and the images the roles boot from. The machine types (vCPUs, memory, the GPUs a
+type carries, the GPUs N1 accepts) are forja's machine catalog, read from its one home
+(plugins/module_utils/forja_gcp_machines.py, through forja.machines), never copied here.
+Resource dicts are built per request because their URLs embed the emulator's base URL and the
+caller's project.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from typing import Any
+
+from forja import machines
 
 CREATED = "2016-01-01T00:00:00.000-08:00"
 GUEST_OS_FEATURES = ("VIRTIO_SCSI_MULTIQUEUE", "UEFI_COMPATIBLE", "GVNIC", "SEV_CAPABLE")
@@ -99,9 +103,19 @@ ACCELERATOR_TYPES: dict[str, AcceleratorType] = {
 }  # fmt: skip
 
 
+#: The CPU platform the emulator reports per family (Google's defaults for these families).
+CPU_PLATFORMS: dict[str, str] = {
+    "e2": "AMD Rome",
+    "n1": "Intel Broadwell",
+    "g2": "Intel Cascade Lake",
+    "a2": "Intel Cascade Lake",
+    "a3": "Intel Sapphire Rapids",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class MachineType:
-    """A machine type; `gpu` is the accelerator the type itself carries (G2/A2/A3), if any."""
+    """A machine type as the emulator serves it; `gpu` is the accelerator the type itself carries."""
 
     name: str
     cpus: int
@@ -115,42 +129,24 @@ class MachineType:
         return self.name.split("-", 1)[0]
 
 
-MACHINE_TYPES: dict[str, MachineType] = {
-    m.name: m
-    for m in (
-        MachineType("e2-micro", 2, 1024, shared_cpu=True, cpu_platform="AMD Rome"),
-        MachineType("e2-small", 2, 2048, shared_cpu=True, cpu_platform="AMD Rome"),
-        MachineType("e2-medium", 2, 4096, shared_cpu=True, cpu_platform="AMD Rome"),
-        MachineType("e2-standard-2", 2, 8192, cpu_platform="AMD Rome"),
-        MachineType("e2-standard-4", 4, 16384, cpu_platform="AMD Rome"),
-        MachineType("e2-standard-8", 8, 32768, cpu_platform="AMD Rome"),
-        MachineType("n1-standard-1", 1, 3840),
-        MachineType("n1-standard-2", 2, 7680),
-        MachineType("n1-standard-4", 4, 15360),
-        MachineType("n1-standard-8", 8, 30720),
-        MachineType("n1-standard-16", 16, 61440),
-        *(
-            MachineType(f"g2-standard-{cpus}", cpus, cpus * 4096, ("nvidia-l4", gpus),
-                        cpu_platform="Intel Cascade Lake")
-            # Google's table: 4/8/12/16 -> 1 L4, 24 -> 2, 32 -> 1, 48 -> 4, 96 -> 8.
-            for cpus, gpus in ((4, 1), (8, 1), (12, 1), (16, 1), (24, 2), (32, 1), (48, 4), (96, 8))
-        ),
-        *(
-            MachineType(f"a2-highgpu-{gpus}g", 12 * gpus, 87040 * gpus, ("nvidia-tesla-a100", gpus),
-                        cpu_platform="Intel Cascade Lake")
-            for gpus in (1, 2, 4, 8)
-        ),
-        MachineType("a2-ultragpu-1g", 12, 174080, ("nvidia-a100-80gb", 1), cpu_platform="Intel Cascade Lake"),
-        MachineType("a3-highgpu-8g", 208, 1916928, ("nvidia-h100-80gb", 8),
-                    cpu_platform="Intel Sapphire Rapids"),
-    )
-}  # fmt: skip
+def _served_machine_types() -> dict[str, MachineType]:
+    """forja's machine catalog (its one home, read through forja.machines) as the emulator serves it:
+    every type whose family and GPU the emulated cloud offers."""
+    served: dict[str, MachineType] = {}
+    for m in machines.machine_types().values():
+        if m.family not in CPU_PLATFORMS or (m.gpu_type and m.gpu_type not in ACCELERATOR_TYPES):
+            continue
+        gpu = (m.gpu_type, m.gpu_count) if m.gpu_type else None
+        served[m.name] = MachineType(m.name, m.vcpus, m.memory_mb, gpu, m.shared_cpu, CPU_PLATFORMS[m.family])
+    return served
 
-# Attached (not built-in) GPUs that N1 machines accept, with the counts Google allows.
+
+MACHINE_TYPES: dict[str, MachineType] = _served_machine_types()
+
+# Attached (not built-in) GPUs that N1 machines accept, with the counts Google allows: the
+# catalog's, for the GPUs the emulated cloud offers.
 N1_ATTACHABLE: dict[str, tuple[int, ...]] = {
-    "nvidia-tesla-t4": (1, 2, 4),
-    "nvidia-tesla-v100": (1, 2, 4, 8),
-    "nvidia-tesla-p100": (1, 2, 4),
+    name: counts for name, counts in machines.catalog().N1_GPUS.items() if name in ACCELERATOR_TYPES
 }
 
 

@@ -13,7 +13,10 @@ command: `forja tunnel` (Colab's two paths through it, on the default kernel), `
 `forja tunnel --start` brings it back. The image's PyTorch behind that default kernel is its own
 test. Last, the example project (examples/own-loop: its own model, loop and requirements.txt)
 through `forja train --script`: preempted mid-run, it resumes from its own checkpoint, and a
-second run installs nothing. This test resets the machine's sandbox (it is the same one `make sandbox` uses).
+second run installs nothing. This test resets the machine's sandbox (it is the same one
+`make sandbox` uses). Like `make sandbox`, it starts the sandbox service itself and names the
+sandbox's inventory on every command: no inventory starts a daemon, and the checkout has no
+default inventory.
 """
 
 from __future__ import annotations
@@ -42,19 +45,23 @@ import yaml
 
 from forja.api import Forja
 from forja.history import History
-from forja.tunnel import ssh_tunnel
 from forja_sandbox import colab, service, testhosts
+from forja_sandbox.tunnel import ssh_tunnel
 
 pytestmark = [pytest.mark.hosts, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
+#: Named on every command, as the README's walk does (`make sandbox`, then FORJA_INVENTORY): the
+#: checkout has no default inventory.
+INVENTORY = ROOT / "inventory" / "sandbox"
 STOCK_OUT = [{"method": "instances.insert", "error": "ZONE_RESOURCE_POOL_EXHAUSTED",
               "zone": "us-east1-d", "times": 1}]
 SPOT = ("-e", "gcp_instance_spot=true")  # every site run of this module: the drill needs a Spot VM
 
 
 def _playbook(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([str(Path(sys.executable).with_name("ansible-playbook")), *args], cwd=ROOT,
+    argv = [str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(INVENTORY), *args]
+    proc = subprocess.run(argv, cwd=ROOT,
                           capture_output=True, text=True, env=env or dict(os.environ), timeout=2400,
                           check=False)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
@@ -113,8 +120,8 @@ def _on_host(address: str, command: str) -> str:
 @pytest.fixture(scope="module")
 def first_run() -> subprocess.CompletedProcess[str]:
     service.destroy()
-    env = dict(os.environ, FORJA_SANDBOX_FAULTS=json.dumps(STOCK_OUT))
-    proc = _playbook("site.yml", *SPOT, env=env)
+    service.ensure_running(faults=STOCK_OUT)  # as `make sandbox` does: no inventory starts it
+    proc = _playbook("site.yml", *SPOT)
     yield proc
     service.stop_service()  # the fault drill must not outlive the test module
 
@@ -183,7 +190,7 @@ def test_a_second_run_with_the_mitogen_strategy_changes_nothing(
 
     An unknown strategy name fails the play, so a pass means Mitogen's strategy drove the run.
     """
-    env = dict(os.environ, ANSIBLE_STRATEGY="mitogen_linear")
+    env = dict(os.environ, ANSIBLE_STRATEGY="forja.gpu.mitogen_linear")
     _assert_nothing_changed(_playbook("site.yml", *SPOT, env=env))
 
 
@@ -193,7 +200,7 @@ def test_a_preempted_spot_vm_comes_back_and_its_training_resumes_and_finishes(
     config = yaml.safe_load((ROOT / "trainer" / "configs" / "digits.yaml").read_text())
     config.update(steps=6000, checkpoint_every_s=2, log_every_steps=100)  # ~10-20 s of CPU work
     (tmp_path / "drill.yaml").write_text(yaml.safe_dump(config))
-    forja = Forja(tmp_path, extravars={"gcp_instance_spot": True}, host_key_checking=False,
+    forja = Forja(tmp_path, INVENTORY, extravars={"gcp_instance_spot": True}, host_key_checking=False,
                   history=History(tmp_path / "history.sqlite"), send_project=False)
     started = forja.train(tmp_path / "drill.yaml", name="drill", wait=False)
     assert started.status == "running"
@@ -242,9 +249,10 @@ WHICH_PYTHON = (
 
 
 def _forja(*args: str, timeout: int = 900, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    """The installed `forja` command, run as the README shows it (the sandbox is the default inventory)."""
+    """The installed `forja` command, run as the README shows it after `make sandbox`: with
+    FORJA_INVENTORY naming the sandbox's inventory."""
     return subprocess.run([FORJA, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          check=False)
+                          check=False, env=dict(os.environ, FORJA_INVENTORY=str(INVENTORY)))
 
 
 @contextlib.contextmanager
@@ -254,7 +262,8 @@ def _forja_tunnel(*options: str, start: bool = False, timeout_s: float = 600) ->
     argv = [FORJA, *options, "tunnel", *(["--start"] if start else [])]
     with tempfile.TemporaryFile(mode="w+") as log:
         proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, text=True)
+                                stdin=subprocess.DEVNULL, text=True,
+                                env=dict(os.environ, FORJA_INVENTORY=str(INVENTORY)))
         try:
             deadline = time.monotonic() + timeout_s
             while True:

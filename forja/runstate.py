@@ -2,27 +2,47 @@
 
 `roles/trainer_run/files/forja-train-state` prints one versioned document per run (key
 `forja_train_state`, the schema version). The role publishes those documents with `set_stats`
-(`trainer_run_states`: {host: [state, ...]}), which ansible-runner hands over as the run's
-artifact data, and every poll of the wait task carries one in its stdout. Python reads them here
-and nowhere else: status, progress events, following, `logs -f` and the history sync all get a
-`RunState`, recognised by its schema key, never by the name of the task that printed it.
+(forja's data contract, `forja.contract`: {host: {runs: [state, ...]}}), and every poll of the
+wait task carries one in its stdout. `parse` here is their one reader: status, progress events,
+following, `logs -f` and the history all get a `RunState`, recognised by its schema key, never by
+the name of the task that printed it.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from forja import host_contract
+
 #: The key that marks a forja-train-state document, and the version this reader understands.
 SCHEMA_KEY = "forja_train_state"
 SCHEMA_VERSION = 1
-#: Statuses after which a run changes no more (until something starts it again).
-FINAL = ("completed", "failed", "preempted", "stopped")
-#: The artifact-data key the trainer_run role publishes the states under.
-STATS_KEY = "trainer_run_states"
+
+
+class _RunNamePattern:
+    """The host contract's run-name pattern (host_contract_run_name_pattern), read on first use."""
+
+    def match(self, text: str) -> re.Match[str] | None:
+        return host_contract.run_name_pattern().match(text)
+
+    @property
+    def pattern(self) -> str:
+        return host_contract.run_name_pattern().pattern
+
+
+#: What a run name may be: the host contract's pattern, the one trainer_run validates with.
+RUN_NAME = _RunNamePattern()
+
+
+def final_statuses() -> frozenset[str]:
+    """Statuses after which a run changes no more: the host contract's host_contract_run_final_statuses,
+    the list trainer_run's wait task stops on."""
+    return host_contract.final_statuses()
 
 
 class RunState(BaseModel):
@@ -49,7 +69,7 @@ class RunState(BaseModel):
 
     @property
     def final(self) -> bool:
-        return self.status in FINAL
+        return self.status in final_statuses()
 
     @property
     def step(self) -> int | None:
@@ -76,17 +96,3 @@ def parse(document: object) -> RunState | None:
     except ValidationError:
         return None
 
-
-def from_stats(artifact_data: Mapping[str, Any]) -> list[tuple[str, RunState]]:
-    """(host, state) pairs from a playbook's artifact data, hosts in name order."""
-    per_host = artifact_data.get(STATS_KEY) or {}
-    pairs: list[tuple[str, RunState]] = []
-    if not isinstance(per_host, Mapping):
-        return pairs
-    for host in sorted(per_host):
-        docs = per_host[host]
-        for doc in docs if isinstance(docs, list) else [docs]:
-            state = parse(doc)
-            if state is not None:
-                pairs.append((str(host), state))
-    return pairs

@@ -19,7 +19,7 @@ from rich.table import Table
 
 from forja.cost.budget import Budget, BudgetCheck, Level, check_instance, check_project
 from forja.cost.prices import PriceError, load_prices
-from forja.cost.spend import CostLine, cost_report, parse_time
+from forja.cost.spend import CostLine, cost_report, parse_time, rate_of
 
 app = typer.Typer(
     name="cost",
@@ -200,10 +200,10 @@ def rate(
     prices: PricesOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON with the figure's basis.")] = False,
 ) -> None:
-    """Print the hourly rate of one machine type (what the autostop role templates for its budget)."""
+    """Print the hourly rate of one machine type (what the forja_hourly_rate filter gives playbooks)."""
     try:
-        found = load_prices(prices).instance_rate(machine_type, zone, spot)
-    except PriceError as exc:
+        found = rate_of(machine_type, zone, load_prices(prices), spot)
+    except (PriceError, ValueError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--machine-type/--zone/--prices") from exc
     if as_json:
         typer.echo(json.dumps({"usd_per_hour": found.usd_per_hour, "basis": found.basis, "what": found.what}))

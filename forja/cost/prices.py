@@ -73,7 +73,13 @@ def _check_numbers(table: Mapping[str, Any], origin: str) -> None:
             if not isinstance(regions, Mapping):
                 raise PriceError(f"{origin}: '{section}.{name}' must be a mapping of regions")
             for region, prices in regions.items():
-                if region == "gpu" or not isinstance(prices, Mapping):
+                if region == "gpu":
+                    raise PriceError(
+                        f"{origin}: '{section}.{name}.gpu': the price table holds prices only; which GPUs a "
+                        "machine type carries is forja's machine catalog "
+                        "(plugins/module_utils/forja_gcp_machines.py). Remove the gpu entry"
+                    )
+                if not isinstance(prices, Mapping):
                     continue
                 for field in ("on_demand", "spot", "per_gb_month"):
                     if field not in prices:
@@ -126,7 +132,7 @@ class PriceTable:
             )
         prices = entries[name].get(region)
         if not isinstance(prices, Mapping) or field not in prices:
-            known = ", ".join(sorted(r for r in entries[name] if r != "gpu")) or "none"
+            known = ", ".join(sorted(entries[name])) or "none"
             raise PriceError(
                 f"no {field} price for {name!r} in region {region!r} (regions known: {known}); "
                 f"{OVERRIDE_HINT} under {section}.{name}.{region}.{field}"

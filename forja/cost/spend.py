@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
+from forja import errors, machines
 from forja.cost.prices import PriceError, PriceTable, Rate, region_of
 
 MIN_BILLED_S = 60.0
@@ -195,10 +196,25 @@ class CostLine:
 
 
 def machine_rate(instance: Instance, prices: PriceTable) -> Rate:
-    """A G2/A2 machine type includes its GPUs, so only N1-style attached GPUs are added."""
-    bundled = "gpu" in ((prices.data.get("machine_types") or {}).get(instance.machine_type) or {})
-    extra = {} if bundled else dict(instance.accelerators)
-    return prices.instance_rate(instance.machine_type, instance.zone, instance.spot, extra)
+    """The VM's hourly rate, priced under its machine type's price key.
+
+    Which types come with their GPUs (G2/A2/A3, priced as one figure) is the machine catalog's
+    fact, not the price table's: only GPUs attached to other types (N1 + T4) are added. A type the
+    catalog does not know is priced under its own name, as a user's price file may add it.
+    """
+    try:
+        known = machines.machine_type(instance.machine_type)
+    except errors.ConfigError as exc:  # no catalog beside forja: say so where prices are reported
+        raise PriceError(str(exc)) from exc
+    key = known.key if known is not None else instance.machine_type
+    extra = {} if known is not None and known.gpu_count else dict(instance.accelerators)
+    return prices.instance_rate(key, instance.zone, instance.spot, extra)
+
+
+def rate_of(machine_type: str, zone: str, prices: PriceTable, spot: bool = False) -> Rate:
+    """The hourly rate of one machine type in one zone, by the same rules as a whole instance's."""
+    return machine_rate(Instance.from_mapping({"name": machine_type, "machine_type": machine_type,
+                                               "zone": zone, "preemptible": spot}), prices)
 
 
 def cost_of(instance: Instance, prices: PriceTable, now: datetime) -> CostLine:

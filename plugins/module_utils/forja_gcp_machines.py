@@ -1,11 +1,18 @@
 # Copyright: forja contributors
 # Apache-2.0
-"""Which GPUs a machine type carries or accepts, checked before any API call.
+"""forja's machine catalog: every machine type forja knows, with its GPUs, vCPUs, memory and price key.
 
-Accelerator-optimized families (G2, A2, A3) come with their GPUs attached by the machine type:
-asking for another GPU model or count is a mistake we can name before the API answers with a
-less helpful 400. N1 accepts attached GPUs in fixed counts. Every other family takes none.
-The tables follow Google's "GPU machine types" pages; a machine type missing here is still
+This file is the one home of that table. The gcp_gpu_instance module gets it through AnsiballZ (a
+module may only use module_utils); forja's cost code and the sandbox's Compute emulator load this
+same file by path through ``forja.machines``, so it imports nothing but the standard library:
+no Ansible, no forja. Prices are not here: ``forja/cost/prices.yaml`` holds them keyed by each
+type's ``price_key``.
+
+It also checks a machine type against the GPUs asked for before any API call. Accelerator-optimized
+families (G2, A2, A3) come with their GPUs attached by the machine type: asking for another GPU
+model or count is a mistake we can name before the API answers with a less helpful 400. N1 accepts
+attached GPUs in fixed counts. Every other family takes none. The tables follow Google's "GPU
+machine types" and "general-purpose machine family" pages; a machine type missing here is still
 checked by the API (machineTypes.get) before anything is created.
 """
 
@@ -14,32 +21,72 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+GIB_MB = 1024
+#: GPU counts of the A2/A3 shapes named <family>-<n>g.
+COUNTS = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class MachineType:
+    """One machine type: what it carries and what it is priced as.
+
+    ``gpu_type``/``gpu_count`` are the GPUs the machine type itself comes with (G2/A2/A3); N1 types
+    carry none (attached GPUs are asked for separately). ``price_key`` names the entry of
+    ``machine_types`` in forja's price table (the machine type's own name for every type here).
+    """
+
+    name: str
+    vcpus: int
+    memory_mb: int
+    gpu_type: str | None = None
+    gpu_count: int = 0
+    shared_cpu: bool = False
+    price_key: str = ""
+
+    @property
+    def family(self) -> str:
+        return self.name.split("-", 1)[0]
+
+    @property
+    def key(self) -> str:
+        """The price table entry: price_key, else the name."""
+        return self.price_key or self.name
+
+
+def _catalog() -> dict[str, MachineType]:
+    types = [
+        MachineType("e2-micro", 2, 1 * GIB_MB, shared_cpu=True),
+        MachineType("e2-small", 2, 2 * GIB_MB, shared_cpu=True),
+        MachineType("e2-medium", 2, 4 * GIB_MB, shared_cpu=True),
+        *(MachineType(f"e2-standard-{n}", n, 4 * n * GIB_MB) for n in (2, 4, 8)),
+        # N1: 3.75 GB per vCPU; GPUs are attached (N1_GPUS below), not part of the type.
+        *(MachineType(f"n1-standard-{n}", n, 3840 * n) for n in (1, 2, 4, 8, 16)),
+        # G2: 4 GB per vCPU; 4/8/12/16/32 vCPUs -> 1 L4, 24 -> 2, 48 -> 4, 96 -> 8.
+        *(
+            MachineType(f"g2-standard-{n}", n, 4 * n * GIB_MB, "nvidia-l4", gpus)
+            for n, gpus in ((4, 1), (8, 1), (12, 1), (16, 1), (24, 2), (32, 1), (48, 4), (96, 8))
+        ),
+        # A2 Standard: 12 vCPUs and 85 GB per A100 40GB; a2-megagpu-16g: 96 vCPUs, 1360 GB, 16 GPUs.
+        *(MachineType(f"a2-highgpu-{g}g", 12 * g, 85 * g * GIB_MB, "nvidia-tesla-a100", g) for g in COUNTS),
+        MachineType("a2-megagpu-16g", 96, 1360 * GIB_MB, "nvidia-tesla-a100", 16),
+        # A2 Ultra: 12 vCPUs and 170 GB per A100 80GB.
+        *(MachineType(f"a2-ultragpu-{g}g", 12 * g, 170 * g * GIB_MB, "nvidia-a100-80gb", g) for g in COUNTS),
+        # A3 High: 26 vCPUs and 234 GB per H100 80GB; Edge and Mega: 208 vCPUs, 1872 GB, 8 GPUs.
+        *(MachineType(f"a3-highgpu-{g}g", 26 * g, 234 * g * GIB_MB, "nvidia-h100-80gb", g) for g in COUNTS),
+        MachineType("a3-edgegpu-8g", 208, 1872 * GIB_MB, "nvidia-h100-80gb", 8),
+        MachineType("a3-megagpu-8g", 208, 1872 * GIB_MB, "nvidia-h100-mega-80gb", 8),
+        # A3 Ultra: 224 vCPUs, 2952 GB, 8 H200.
+        MachineType("a3-ultragpu-8g", 224, 2952 * GIB_MB, "nvidia-h200-141gb", 8),
+    ]
+    return {m.name: m for m in types}
+
+
+#: Machine type name -> what it is.
+MACHINE_TYPES: dict[str, MachineType] = _catalog()
+
 # Machine type -> (GPU model, count) for families whose GPUs come with the machine type.
 ATTACHED_GPUS: dict[str, tuple[str, int]] = {
-    "g2-standard-4": ("nvidia-l4", 1),
-    "g2-standard-8": ("nvidia-l4", 1),
-    "g2-standard-12": ("nvidia-l4", 1),
-    "g2-standard-16": ("nvidia-l4", 1),
-    "g2-standard-32": ("nvidia-l4", 1),
-    "g2-standard-24": ("nvidia-l4", 2),
-    "g2-standard-48": ("nvidia-l4", 4),
-    "g2-standard-96": ("nvidia-l4", 8),
-    "a2-highgpu-1g": ("nvidia-tesla-a100", 1),
-    "a2-highgpu-2g": ("nvidia-tesla-a100", 2),
-    "a2-highgpu-4g": ("nvidia-tesla-a100", 4),
-    "a2-highgpu-8g": ("nvidia-tesla-a100", 8),
-    "a2-megagpu-16g": ("nvidia-tesla-a100", 16),
-    "a2-ultragpu-1g": ("nvidia-a100-80gb", 1),
-    "a2-ultragpu-2g": ("nvidia-a100-80gb", 2),
-    "a2-ultragpu-4g": ("nvidia-a100-80gb", 4),
-    "a2-ultragpu-8g": ("nvidia-a100-80gb", 8),
-    "a3-highgpu-1g": ("nvidia-h100-80gb", 1),
-    "a3-highgpu-2g": ("nvidia-h100-80gb", 2),
-    "a3-highgpu-4g": ("nvidia-h100-80gb", 4),
-    "a3-highgpu-8g": ("nvidia-h100-80gb", 8),
-    "a3-edgegpu-8g": ("nvidia-h100-80gb", 8),
-    "a3-megagpu-8g": ("nvidia-h100-mega-80gb", 8),
-    "a3-ultragpu-8g": ("nvidia-h200-141gb", 8),
+    m.name: (m.gpu_type, m.gpu_count) for m in MACHINE_TYPES.values() if m.gpu_type
 }
 
 # Family prefix -> the machine type family users should pick for that GPU model.

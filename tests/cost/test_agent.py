@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
+import yaml
 
 from forja.cost.spend import Interval, compute_spend
 
@@ -33,8 +34,17 @@ BOOT = "aaaaaaaa-1111-2222-3333-444444444444"
 NOW = 1_800_000_000.0
 
 
+#: What the role writes from the host contract (roles/host_contract/defaults/main.yml).
+CONTRACT = yaml.safe_load((Path(__file__).parents[2] / "roles/host_contract/defaults/main.yml").read_text())
+CONTRACT_FIELDS = {
+    "jupyter_url": f"http://127.0.0.1:{CONTRACT['host_contract_jupyter_port']}",
+    "jupyter_token_file": CONTRACT["host_contract_jupyter_token_file"],
+    "train_unit_pattern": CONTRACT["host_contract_train_unit_pattern"],
+}
+
+
 def config(**over):
-    return {**agent.DEFAULTS, "idle_minutes": 1.0, "boot_grace_minutes": 0.0, **over}
+    return {**agent.DEFAULTS, **CONTRACT_FIELDS, "idle_minutes": 1.0, "boot_grace_minutes": 0.0, **over}
 
 
 def seen(busy=(), notes=("no training unit",), last_activity=None):
@@ -315,14 +325,25 @@ def test_jupyter_times_are_utc():
         ({"poweroff_command": "poweroff"}, "'poweroff_command' must be a non-empty list"),
         ({"dry_run": "yes"}, "'dry_run' must be true or false"),
         ({"idle_minute": 3}, "unknown field(s) idle_minute"),
+        ({"jupyter_url": ""}, "'jupyter_url' missing or empty"),
     ],
 )
 def test_a_bad_config_names_the_field(tmp_path, change, field):
     path = tmp_path / "autostop.json"
-    path.write_text(json.dumps({"idle_minutes": 30, **change}))
+    path.write_text(json.dumps({**CONTRACT_FIELDS, "idle_minutes": 30, **change}))
     with pytest.raises(agent.ConfigError) as err:
         agent.load_config(str(path))
     assert field in str(err.value)
+
+
+def test_the_host_contract_fields_have_no_copy_in_the_agent(tmp_path):
+    """Jupyter's port, the token file and the unit pattern come only from the role's config."""
+    path = tmp_path / "autostop.json"
+    path.write_text(json.dumps({"idle_minutes": 30}))
+    with pytest.raises(agent.ConfigError) as err:
+        agent.load_config(str(path))
+    assert "'jupyter_url', 'jupyter_token_file', 'train_unit_pattern' missing" in str(err.value)
+    assert "host_contract_jupyter_port" in str(err.value)
 
 
 def test_a_bad_config_is_logged_and_exits_2(tmp_path, capsys):

@@ -33,10 +33,9 @@ def _no_user_prices(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="module")
 def hourly_rate():
-    """The filter as a play finds it: by name, from the filter_plugins folder ansible.cfg names."""
-    filter_loader.add_directory(str(REPO / "plugins" / "filter"))
-    plugin = filter_loader.get("forja_hourly_rate")
-    assert plugin is not None, "ansible does not find forja_hourly_rate in plugins/filter"
+    """The filter as a play finds it: by its FQCN in the forja.gpu collection."""
+    plugin = filter_loader.get("forja.gpu.forja_hourly_rate")
+    assert plugin is not None, "ansible does not find forja.gpu.forja_hourly_rate"
     return plugin.j2_function
 
 
@@ -101,7 +100,7 @@ def test_something_other_than_a_record_is_refused(hourly_rate):
 
 def test_ansible_doc_renders_the_filter():
     doc = subprocess.run(
-        [str(Path(sys.executable).with_name("ansible-doc")), "-t", "filter", "forja_hourly_rate"],
+        [str(Path(sys.executable).with_name("ansible-doc")), "-t", "filter", "forja.gpu.forja_hourly_rate"],
         cwd=REPO,
         env={"PATH": "/usr/bin:/bin", "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"},
         capture_output=True,

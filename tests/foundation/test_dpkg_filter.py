@@ -4,21 +4,17 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 from ansible.plugins.loader import filter_loader
-
-REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.skipif(shutil.which("dpkg-query") is None, reason="needs a Debian system's dpkg")
 
 
 def _filter(name: str):  # type: ignore[no-untyped-def]
-    """The filter as a play finds it: by name, from the filter_plugins folder ansible.cfg names."""
-    filter_loader.add_directory(str(REPO / "plugins" / "filter"))
-    plugin = filter_loader.get(name)
-    assert plugin is not None, f"ansible does not find {name} in plugins/filter"
+    """The filter as a play finds it: by its FQCN in the forja.gpu collection."""
+    plugin = filter_loader.get(f"forja.gpu.{name}")
+    assert plugin is not None, f"ansible does not find forja.gpu.{name}"
     return plugin.j2_function
 
 

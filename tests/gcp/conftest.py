@@ -13,13 +13,9 @@ import ipaddress
 import socket
 from pathlib import Path
 
-import ansible.module_utils
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-MODULE_UTILS = str(REPO / "plugins" / "module_utils")
-if MODULE_UTILS not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(MODULE_UTILS)
 
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1", "ip6-localhost"}
 

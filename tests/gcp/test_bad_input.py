@@ -64,23 +64,19 @@ def test_bad_input_is_named_and_changes_nothing(emulator, key_file, bad_keys, tm
     )
     emulator.faults.add("instances.insert", error="QUOTA_EXCEEDED", zone="us-east1-b")
     base = {"name": "forja-l4", **IMAGE}
-    tasks = [
-        {"gcp_gpu_instance": {**base, **options}, "register": name} for name, (options, _, _) in CASES.items()
-    ]
+    module = "forja.gpu.gcp_gpu_instance"
+    tasks = [{module: {**base, **options}, "register": name} for name, (options, _, _) in CASES.items()]
     tasks += [
-        {"gcp_gpu_instance": {**base, "credentials_file": bad_keys["missing"]}, "register": "missing_key"},
+        {module: {**base, "credentials_file": bad_keys["missing"]}, "register": "missing_key"},
+        {module: {**base, "credentials_file": bad_keys["malformed"]}, "register": "malformed_key"},
+        {module: {**base, "credentials_file": bad_keys["refused"]}, "register": "refused_key"},
         {
-            "gcp_gpu_instance": {**base, "credentials_file": bad_keys["malformed"]},
-            "register": "malformed_key",
-        },
-        {"gcp_gpu_instance": {**base, "credentials_file": bad_keys["refused"]}, "register": "refused_key"},
-        {
-            "gcp_gpu_instance": {**base, "project": ""},
+            module: {**base, "project": ""},
             "register": "no_project",
             "environment": {"FORJA_GCP_PROJECT": ""},
         },
-        {"gcp_gpu_instance": base, "register": "quota_sync"},
-        {"gcp_gpu_instance": {**base, "zone": "us-east1-b"}, "register": "quota_operation"},
+        {module: base, "register": "quota_sync"},
+        {module: {**base, "zone": "us-east1-b"}, "register": "quota_operation"},
     ]
     results = run_module_tasks(tmp_path, emulator_env(emulator, key_file), tasks)
 
@@ -117,15 +113,15 @@ def test_the_firewall_opens_ssh_from_iap_only(emulator, key_file, tmp_path):
         tmp_path,
         emulator_env(emulator, key_file),
         [
-            {"gcp_gpu_firewall": {}, "register": "created", "diff": True},
-            {"gcp_gpu_firewall": {}, "register": "again"},
+            {"forja.gpu.gcp_gpu_firewall": {}, "register": "created", "diff": True},
+            {"forja.gpu.gcp_gpu_firewall": {}, "register": "again"},
             {
-                "gcp_gpu_firewall": {"source_ranges": ["35.235.240.0/20", "203.0.113.7"]},
+                "forja.gpu.gcp_gpu_firewall": {"source_ranges": ["35.235.240.0/20", "203.0.113.7"]},
                 "register": "widened",
             },
-            {"gcp_gpu_firewall": {"source_ranges": ["0.0.0.0/0"]}, "register": "internet"},
-            {"gcp_gpu_firewall": {"state": "absent"}, "register": "removed"},
-            {"gcp_gpu_firewall": {"state": "absent"}, "register": "removed_again"},
+            {"forja.gpu.gcp_gpu_firewall": {"source_ranges": ["0.0.0.0/0"]}, "register": "internet"},
+            {"forja.gpu.gcp_gpu_firewall": {"state": "absent"}, "register": "removed"},
+            {"forja.gpu.gcp_gpu_firewall": {"state": "absent"}, "register": "removed_again"},
         ],
     )
     assert results["created"]["changed"]

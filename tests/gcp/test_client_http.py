@@ -8,7 +8,7 @@ import threading
 import time
 
 import pytest
-from ansible.module_utils.forja_gcp import (
+from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import (
     GcpApiError,
     GcpAuthError,
     GcpClient,

@@ -16,7 +16,7 @@ VM = {
 
 
 def vm(**options):
-    return {"gcp_gpu_instance": {**VM, **options}}
+    return {"forja.gpu.gcp_gpu_instance": {**VM, **options}}
 
 
 def test_lifecycle_is_idempotent_with_check_mode_diff_and_fingerprints(emulator, key_file, tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-from ansible.module_utils.forja_gcp_instance import (
+from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_instance import (
     SpecError,
     choose_ip,
     comparable_view,
@@ -17,7 +17,7 @@ from ansible.module_utils.forja_gcp_instance import (
     wanted_labels,
     wanted_metadata,
 )
-from ansible.module_utils.forja_gcp_machines import resolve_gpus
+from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_machines import resolve_gpus
 
 BASE = "https://compute.googleapis.com/compute/v1/projects/p1"
 SERVER_L4 = {

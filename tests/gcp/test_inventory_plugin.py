@@ -6,7 +6,7 @@ import math
 
 import pytest
 import yaml
-from ansible.module_utils.forja_gcp import GcpClient, GcpConfig
+from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import GcpClient, GcpConfig
 from gcp_helpers import emulator_env, inventory_json, run_inventory
 
 PROJECT = "forja-sandbox"
@@ -14,7 +14,7 @@ SECRET = "ansible:ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKeepThisOutOfTheInventory
 
 
 def write_config(path, **options):
-    path.write_text(yaml.safe_dump({"plugin": "gcp_gpu", "projects": [PROJECT], **options}))
+    path.write_text(yaml.safe_dump({"plugin": "forja.gpu.gcp_gpu", "projects": [PROJECT], **options}))
     return path
 
 

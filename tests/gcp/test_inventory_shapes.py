@@ -2,16 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
-from gcp_helpers import REPO
-
-spec = importlib.util.spec_from_file_location(
-    "forja_gcp_gpu_inventory", REPO / "plugins/inventory/gcp_gpu.py"
-)
-gcp_gpu = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(gcp_gpu)
+from ansible_collections.forja.gpu.plugins.inventory import gcp_gpu
 
 INSTANCE = {
     "name": "forja-l4",

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from ansible.module_utils.forja_gcp_machines import GpuSpec, MachineSpecError, resolve_gpus
+from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_machines import (
+    GpuSpec,
+    MachineSpecError,
+    resolve_gpus,
+)
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ PROJECT = "forja-sandbox"
 def inventory_dir(tmp_path):
     folder = tmp_path / "inventory"
     folder.mkdir()
-    (folder / "forja.gcp_gpu.yml").write_text("plugin: gcp_gpu\n")
+    (folder / "forja.gcp_gpu.yml").write_text("plugin: forja.gpu.gcp_gpu\n")
     shutil.copytree(REPO / "inventory" / "group_vars", folder / "group_vars")
     return folder
 

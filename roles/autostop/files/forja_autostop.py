@@ -16,7 +16,7 @@ stops, the disk keeps costing.
     upstream, e.g. jupyter-server/enterprise_gateway#1138). So each kernel's process is looked
     at too: an idle ipykernel waits in its event loop (epoll) on the main thread; any other
     main-thread state (running, sleeping, waiting on I/O or the GPU) is a cell at work;
-  - no training unit (forja-train@*.service) active;
+  - no training unit (trainer_run's forja-train@ units, the config's train_unit_pattern) active;
   - GPU utilisation under the threshold (nvidia-smi; a VM without one says "no GPU");
   - no interactive login session: a utmp entry with a TTY. An `ssh -N -L` tunnel has no TTY
     and is deliberately NOT a session (SkyPilot's autostop counts only PTYs too, but misses
@@ -53,9 +53,6 @@ DEFAULTS: dict[str, Any] = {
     "boot_grace_minutes": 10.0,
     "max_runtime_hours": 0.0,
     "gpu_util_threshold": 10.0,
-    "jupyter_url": "http://127.0.0.1:8888",
-    "jupyter_token_file": "/var/lib/forja/jupyter/token",
-    "train_unit_pattern": "forja-train@*.service",
     "poweroff_command": ["systemctl", "poweroff"],
     "dry_run": False,
     "hourly_rate_usd": 0.0,
@@ -72,6 +69,9 @@ DEFAULTS: dict[str, Any] = {
     # the Compute API while the VM is stopped (forja's inventory reads forja/*).
     "guest_attribute": "forja/autostop",
 }
+#: Fields the config must give: the host contract (forja.gpu.host_contract), which the role writes
+#: from the one place it is defined, so no port, path or unit name of another role is copied here.
+REQUIRED = ("jupyter_url", "jupyter_token_file", "train_unit_pattern")
 #: GCE keeps guest attribute values small; a reason longer than this is cut.
 MAX_REASON_BYTES = 1000
 NUMBERS = (
@@ -101,10 +101,16 @@ def load_config(path: str) -> dict[str, Any]:
         raise ConfigError(f"config {path} is not JSON ({exc}); re-apply the autostop role") from exc
     if not isinstance(given, dict):
         raise ConfigError(f"config {path} must be a JSON object")
-    unknown = sorted(set(given) - set(DEFAULTS))
+    known = (*REQUIRED, *DEFAULTS)
+    unknown = sorted(set(given) - set(known))
     if unknown:
+        raise ConfigError(f"config {path}: unknown field(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    missing = [field for field in REQUIRED if not isinstance(given.get(field), str) or not given[field]]
+    if missing:
         raise ConfigError(
-            f"config {path}: unknown field(s) {', '.join(unknown)}; known: {', '.join(DEFAULTS)}"
+            f"config {path}: {', '.join(repr(f) for f in missing)} missing or empty; re-apply the autostop role, "
+            "which writes them from the host contract (host_contract_jupyter_port, host_contract_jupyter_token_file, "
+            "host_contract_train_unit_pattern)"
         )
     config = {**DEFAULTS, **given}
     for field in NUMBERS:

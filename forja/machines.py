@@ -1,0 +1,58 @@
+"""forja's machine catalog, read from its one home: ``plugins/module_utils/forja_gcp_machines.py``.
+
+Why there: the gcp_gpu_instance module may only use what AnsiballZ ships (module_utils), so the
+table must live in module_utils; that file is plain data plus the standard library, with no
+Ansible import. forja's cost code and the sandbox's Compute emulator read the same table through
+this loader, by file path, instead of keeping copies that drift. forja imports no plugin code
+as a package: this is the one place that loads the file, and only the data is used.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from forja import errors
+
+#: The catalog's file, relative to forja's Ansible content (the repository / collection root).
+CATALOG_FILE = Path("plugins") / "module_utils" / "forja_gcp_machines.py"
+_MODULE_NAME = "forja._machine_catalog"
+
+
+def catalog_path() -> Path:
+    """Where the catalog is: under the same root the playbooks are run from (FORJA_ROOT or the clone)."""
+    from forja.runner import REPO_ROOT
+
+    return REPO_ROOT / CATALOG_FILE
+
+
+@functools.cache
+def catalog() -> ModuleType:
+    """The catalog module, loaded once. Its ``MACHINE_TYPES`` maps a name to a ``MachineType``."""
+    path = catalog_path()
+    spec = importlib.util.spec_from_file_location(_MODULE_NAME, path)
+    if spec is None or spec.loader is None or not path.is_file():
+        raise errors.ConfigError(
+            "machine catalog",
+            f"{path} does not exist; run forja from its checkout or set FORJA_ROOT to the folder "
+            "that holds playbooks/ and plugins/",
+        )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[_MODULE_NAME] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+def machine_types() -> dict[str, Any]:
+    """Every machine type forja knows, by name."""
+    return dict(catalog().MACHINE_TYPES)
+
+
+def machine_type(name: str) -> Any | None:
+    """The catalog's entry for a machine type (``vcpus``, ``memory_mb``, ``gpu_type``, ``gpu_count``,
+    ``key`` for the price table), or None for one forja does not know."""
+    return catalog().MACHINE_TYPES.get(name)

@@ -1,0 +1,93 @@
+"""The trainer's pins have one home, trainer/requirements.txt: the trainer_run role installs exactly
+that list on the host, and pyproject.toml's `trainer` extra is that list plus torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import tomllib
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _pins() -> list[str]:
+    lines = (REPO / "trainer/requirements.txt").read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+
+
+def test_the_trainer_extra_is_the_requirements_file_plus_torch():
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"][
+        "trainer"
+    ]
+    torch = [spec for spec in extra if spec.startswith("torch")]
+    assert len(torch) == 1 and _pins()
+    assert [spec for spec in extra if not spec.startswith("torch")] == _pins()
+
+
+def test_the_role_installs_the_requirements_file(tmp_path):
+    """The role's default, rendered by Ansible as the role renders it, is the file's list."""
+    out = tmp_path / "packages.json"
+    play = [
+        {
+            "name": "Render trainer_run's package list",
+            "hosts": "localhost",
+            "gather_facts": False,
+            "tasks": [
+                {
+                    "name": "Load the role's defaults as the role does",
+                    "ansible.builtin.include_role": {
+                        "name": "forja.gpu.trainer_run",
+                        "tasks_from": "price.yml",
+                        "public": True,
+                    },
+                },
+                {
+                    "name": "Write the list",
+                    "ansible.builtin.copy": {
+                        "content": "{{ trainer_run_pip_packages | to_json }}",
+                        "dest": str(out),
+                        "mode": "0600",
+                    },
+                    # Inside the role's own tasks Ansible sets role_path; this task is the play's.
+                    "vars": {"role_path": str(REPO / "roles/trainer_run")},
+                },
+            ],
+        }
+    ]
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "FORJA_"))},
+        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_LOCALHOST_WARNING": "false",
+    }
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("ansible-playbook")),
+            "-i",
+            "localhost,",
+            "-c",
+            "local",
+            "-e",
+            f"ansible_python_interpreter={sys.executable}",
+            str(tmp_path / "play.yml"),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert json.loads(out.read_text()) == _pins()
+
+
+def test_the_role_keeps_no_list_of_its_own():
+    defaults = (REPO / "roles/trainer_run/defaults/main.yml").read_text()
+    assert not [pin for pin in _pins() if pin in defaults]

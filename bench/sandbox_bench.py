@@ -5,7 +5,8 @@ It starts from nothing (the sandbox destroyed), runs the phases of site.yml one 
 then site.yml again (which must change nothing) with Ansible's linear strategy and with the opt-in
 mitogen_linear one, the floor play (provisioning plus one remote call per role: the least a re-run
 could do) and a bare play that only connects to the same hosts, and prints one table. The goal for
-the re-run is at most 2x the bare play; all are timed in the same run, since this machine is noisy.
+the re-run is at most 10x the bare play (issue 13); all are timed in the same run, since this machine
+is noisy. `python bench/rerun_bench.py --sandbox` times only the re-run and the bare play, repeatedly.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from rerun_bench import GOAL  # the same goal as the re-run benchmark (bench/ is the script's folder)
+
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = [
     ("provision (VM created, SSH up)", "playbooks/provision.yml"),
@@ -28,14 +31,15 @@ PHASES = [
 ]
 
 
-MITOGEN = {"ANSIBLE_STRATEGY": "mitogen_linear"}
+MITOGEN = {"ANSIBLE_STRATEGY": "forja.gpu.mitogen_linear"}
 
 
 def play(playbook: str, env: dict[str, str] | None = None) -> tuple[float, int]:
     """Run one playbook; return its wall time and the total `changed` count of its recap."""
     start = time.perf_counter()
-    proc = subprocess.run([str(ROOT / ".venv/bin/ansible-playbook"), playbook], cwd=ROOT,
-                          capture_output=True, text=True, check=False, env={**os.environ, **(env or {})})
+    argv = [str(ROOT / ".venv/bin/ansible-playbook"), "-i", "inventory/sandbox", playbook]
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, check=False,
+                          env={**os.environ, **(env or {})})
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-2000:])
@@ -49,6 +53,7 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the sandbox afterwards")
     args = parser.parse_args()
     subprocess.run([sys.executable, "-m", "forja_sandbox.service", "destroy"], cwd=ROOT, check=True)
+    subprocess.run([sys.executable, "-m", "forja_sandbox.service", "ensure"], cwd=ROOT, check=True)
     rows: list[tuple[str, float, int]] = []
     total = 0.0
     for name, playbook in PHASES:
@@ -74,7 +79,7 @@ def main() -> int:
     print(f"{'phase':<42}{'wall s':>9}{'changed':>9}")
     for name, wall, changed in rows:
         print(f"{name:<42}{wall:>9.1f}{'' if changed < 0 else changed:>9}")
-    ratios = [("re-run / bare play (goal <= 2.0)", rerun / bare),
+    ratios = [(f"re-run / bare play (goal <= {GOAL:g})", rerun / bare),
               ("mitogen re-run / bare play", fast / bare),
               ("floor / bare play", floor / bare),
               ("mitogen re-run / mitogen bare play", fast / bare_mitogen),

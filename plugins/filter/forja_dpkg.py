@@ -2,33 +2,15 @@
 
 dpkg-query answers in a tenth of a second; the apt module opens the whole package cache (about 2 s
 on a host with Ubuntu's lists), and dpkg_selections can only hold what is installed. The query's
-format and the parsing of its lines live together here so that the roles cannot disagree on what
-"installed" means: dpkg's state letter (the second of Status-Abbrev) is `i`, whatever is wanted of
-the package, so a held package ("hi") counts as installed, as in the nvidia_facts module.
+format and the parsing of its lines live in module_utils/forja_dpkg.py, which the host_state module
+uses too, so that the roles cannot disagree on what "installed" means.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable
 from typing import Any
 
-# Status-Abbrev is three letters (want, state, error; the last is a space when there is no error).
-SHOW_FORMAT = "${db:Status-Abbrev} ${Package}\n"
-INSTALLED = re.compile(r"^[a-z]i\S* +(?P<name>\S+)$")
-
-
-def dpkg_query(packages: Iterable[str]) -> list[str]:
-    """The dpkg-query argv that reports each of `packages` in the format `dpkg_installed` reads.
-
-    It exits 1 when dpkg has never heard of one of them; the caller ignores that (not installed).
-    """
-    return ["dpkg-query", "--show", f"--showformat={SHOW_FORMAT}", *packages]
-
-
-def dpkg_installed(lines: Iterable[str]) -> list[str]:
-    """The names of the installed packages among dpkg_query's output lines, in their order."""
-    return [match["name"] for line in lines if (match := INSTALLED.match(line))]
+from ansible_collections.forja.gpu.plugins.module_utils.forja_dpkg import dpkg_installed, dpkg_query
 
 
 class FilterModule:

@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import jinja2
 import pytest
 import requests
 import yaml
@@ -36,7 +37,10 @@ def fixed_extension(into: Path) -> Path:
     package = into / "jupyter_http_over_ws"
     shutil.copytree(Path(spec.origin).parent, package)
     handlers = package / "handlers.py"
-    fixed, count = re.subn(fix["regexp"], fix["replace"], handlers.read_text(), flags=re.MULTILINE)
+    # The replacement is the role's internal constant (vars/main.yml), named in the task.
+    internal = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
+    replace = jinja2.Template(fix["replace"], undefined=jinja2.StrictUndefined).render(**internal)
+    fixed, count = re.subn(fix["regexp"], replace, handlers.read_text(), flags=re.MULTILINE)
     assert count == 1, f"the role's Cookie fix matched {count} lines of the installed extension"
     handlers.write_text(fixed)
     return into

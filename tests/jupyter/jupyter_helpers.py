@@ -29,8 +29,15 @@ class LocalServer:
 def render_config(**overrides: object) -> dict:
     """Render the role's config template with its defaults (plus overrides), like Ansible would."""
     defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
-    values = {**defaults, **overrides}
+    contract = yaml.safe_load((ROLE.parent / "host_contract" / "defaults" / "main.yml").read_text())
+    values = {**contract, **defaults, **overrides}
     env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    # Some defaults come from the host contract (a dependency of the role), as Ansible renders them.
+    values = {
+        key: env.from_string(value).render(**values)
+        if isinstance(value, str) and "{{ host_contract_" in value else value
+        for key, value in values.items()
+    }
     env.filters["to_nice_json"] = lambda data, indent=4: json.dumps(data, indent=indent, sort_keys=True)
     env.filters["bool"] = bool
     template = env.from_string((ROLE / "templates" / "jupyter_notebook_config.json.j2").read_text())

@@ -20,7 +20,7 @@ HOSTS = {
     "gcp_no_iap": {"gcp_name": "forja-l4", "zone": "us-east1-d", "jupyter_colab_tunnel_via_iap": False},
     "inventoried": {"instance_name": "forja-l4", "zone": "us-east1-d", "project": "my-proj"},
     "sandboxed": {"instance_name": "forja-l4", "zone": "us-east1-d", "ansible_host": "10.213.0.21",
-                  "ansible_user": "ansible", "forja_sandbox_endpoint": {"port": 1}},
+                  "ansible_user": "ansible", "jupyter_colab_tunnel_style": "ssh"},
     "forced_ssh": {"gcp_name": "forja-l4", "zone": "us-east1-d", "ansible_host": "34.1.2.3",
                    "jupyter_colab_tunnel_style": "ssh"},
     "plain": {"ansible_host": "10.213.0.11", "ansible_user": "ansible"},
@@ -38,14 +38,13 @@ def output(tmp_path_factory: pytest.TempPathFactory) -> str:
         "name": "Describe the connection", "hosts": "all", "gather_facts": False,
         "tasks": [
             {"name": "Run the role's connection step", "ansible.builtin.include_role": {
-                "name": "jupyter_colab", "tasks_from": "connection.yml"},
+                "name": "forja.gpu.jupyter_colab", "tasks_from": "connection.yml"},
              "vars": {"jupyter_colab_fetch_token": False}},
             {"name": "Show the fact", "ansible.builtin.debug": {"var": "jupyter_colab_connection"}},
         ],
     }]))
     env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
-           "ANSIBLE_CALLBACK_RESULT_FORMAT": "json", "ANSIBLE_CALLBACK_FORMAT_PRETTY": "false",
-           "ANSIBLE_ROLES_PATH": str(REPO / "roles")}
+           "ANSIBLE_CALLBACK_RESULT_FORMAT": "json", "ANSIBLE_CALLBACK_FORMAT_PRETTY": "false"}
     run = subprocess.run(
         [ansible_playbook(), "-i", str(work / "inventory.yml"), str(work / "play.yml")],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False,

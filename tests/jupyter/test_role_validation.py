@@ -48,11 +48,12 @@ def play(tmp_path_factory: pytest.TempPathFactory) -> str:
     }}}
     (work / "inventory.yml").write_text(yaml.safe_dump(inventory))
     (work / "play.yml").write_text(yaml.safe_dump([
-        {"name": "Apply the role", "hosts": "all", "gather_facts": False, "roles": ["jupyter_colab"]}
+        {"name": "Apply the role", "hosts": "all", "gather_facts": False,
+         "roles": ["forja.gpu.jupyter_colab"]}
     ]))
     env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
            "ANSIBLE_CALLBACK_RESULT_FORMAT": "json", "ANSIBLE_CALLBACK_FORMAT_PRETTY": "false",
-           "ANSIBLE_ROLES_PATH": str(REPO / "roles"), "ANSIBLE_RETRY_FILES_ENABLED": "false"}
+           "ANSIBLE_RETRY_FILES_ENABLED": "false"}
     run = subprocess.run(
         [ansible_playbook(), "-i", str(work / "inventory.yml"), str(work / "play.yml")],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False,

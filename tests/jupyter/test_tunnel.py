@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from forja.tunnel import TunnelError, port_is_free, ssh_command, ssh_tunnel
+from forja.tunnel import ssh_command
+from forja_sandbox.tunnel import TunnelError, port_is_free, ssh_tunnel
 
 
 def test_the_command_forwards_loopback_to_loopback_with_safe_options():

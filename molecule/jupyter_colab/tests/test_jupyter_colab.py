@@ -1,6 +1,6 @@
 """The jupyter_colab role on a real host, checked the way Colab uses it: through a real SSH tunnel.
 
-Controller-side checks (the Colab-like clients, the refusals) go through ``forja.tunnel.ssh_tunnel``
+Controller-side checks (the Colab-like clients, the refusals) go through ``forja_sandbox.tunnel.ssh_tunnel``
 to the host's loopback; host-side checks (files, processes, the journal) go through testinfra.
 """
 
@@ -19,9 +19,9 @@ import requests
 import websocket
 import yaml
 
-from forja_sandbox.colab import ColabRefused, run_via_direct, run_via_http_over_ws
 from forja_sandbox import testhosts
-from forja.tunnel import Tunnel, ssh_tunnel
+from forja_sandbox.colab import ColabRefused, run_via_direct, run_via_http_over_ws
+from forja_sandbox.tunnel import Tunnel, ssh_tunnel
 
 PORT = 18801  # converge.yml's jupyter_colab_port
 TOKEN_FILE = "/var/lib/forja/jupyter/token"
@@ -312,11 +312,9 @@ def test_a_kernel_interpreter_without_pytorch_is_refused_before_anything_changes
         "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null"}}}}))
     play = tmp_path / "play.yml"
     play.write_text(yaml.safe_dump([{"name": "Apply the role", "hosts": "all", "become": True,
-                                     "gather_facts": False, "roles": ["jupyter_colab"]}]))
+                                     "gather_facts": False, "roles": ["forja.gpu.jupyter_colab"]}]))
     repo = Path(os.environ["MOLECULE_PROJECT_DIRECTORY"])
-    env = {**os.environ, "ANSIBLE_CONFIG": str(repo / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
-           "ANSIBLE_ROLES_PATH": str(repo / "roles"), "ANSIBLE_LIBRARY": str(repo / "plugins" / "modules"),
-           "ANSIBLE_FILTER_PLUGINS": str(repo / "plugins" / "filter")}
+    env = {**os.environ, "ANSIBLE_CONFIG": str(repo / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
     run = subprocess.run(
         [str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(inventory), str(play),
          "-e", f"jupyter_colab_kernel_python={VENV_PYTHON}", "-e", f"jupyter_colab_port={PORT}"],

@@ -1,0 +1,113 @@
+"""The host_state module, run by ansible on this machine against real files, dpkg, a venv and HTTP.
+
+The drift tests (test_drift.py) prove the roles repair what it reports on a test host; these pin
+down each comparison on its own: what counts as different, and that nothing is reported when the
+host is as asked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def host_state(**params: object) -> dict:
+    """Run forja.gpu.host_state on localhost as a play would, and return its result."""
+    proc = subprocess.run(
+        [str(Path(sys.executable).with_name("ansible")), "localhost", "-i", "localhost,", "-c", "local", "-o",
+         "-e", f"ansible_python_interpreter={sys.executable}",
+         "-m", "forja.gpu.host_state", "-a", json.dumps(params)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout.split("=>", 1)[1])
+
+
+@pytest.fixture
+def server() -> Iterator[str]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # the name http.server calls
+            self.send_response(200 if self.path == "/api" else 400)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+def test_a_host_as_asked_has_no_differences(tmp_path, server):
+    conf = tmp_path / "app.conf"
+    conf.write_text("port = 8888\n")
+    conf.chmod(0o640)
+    user = subprocess.run(["id", "-un"], capture_output=True, text=True, check=True).stdout.strip()
+    result = host_state(
+        packages=["dpkg"] if shutil.which("dpkg-query") else [],
+        directories=[{"path": str(tmp_path), "owner": user}],
+        files=[{"path": str(conf), "checksum": hashlib.sha1(b"port = 8888\n").hexdigest(),
+                "mode": "0640", "contains": "8888"}],
+        pip=[{"python": sys.executable, "packages": [f"ansible-core=={metadata.version('ansible-core')}"]}],
+        http=[{"url": f"{server}/api", "status": [200]}, {"url": f"{server}/ws", "status": [400]}],
+    )
+    assert result["ok"] is True and result["differences"] == [] and result["changed"] is False
+    assert result["pip"][0]["purelib"]
+
+
+def test_each_kind_of_drift_is_named(tmp_path, server):
+    conf = tmp_path / "app.conf"
+    conf.write_text("port = 9999\n")
+    conf.chmod(0o644)
+    tmp_path.chmod(0o755)
+    result = host_state(
+        packages=["forja-no-such-package"] if shutil.which("dpkg-query") else [],
+        directories=[{"path": str(tmp_path / "gone")}, {"path": str(tmp_path), "mode": "0700"}],
+        files=[{"path": str(conf), "checksum": hashlib.sha1(b"port = 8888\n").hexdigest(),
+                "mode": "0640", "contains": "8888", "what": "config"},
+               {"path": str(tmp_path / "unit.service")}],
+        exists=[str(conf), str(tmp_path / "nothing")],
+        pip=[{"python": sys.executable, "packages": ["ansible-core<1", "forja-no-such-dist"]},
+             {"python": str(tmp_path / "venv/bin/python"), "packages": ["notebook==6.5.7"]}],
+        http=[{"url": f"{server}/ws", "status": [200]}, {"url": "http://127.0.0.1:9/", "status": [200]}],
+    )
+    assert result["ok"] is False
+    assert [d["reason"] for d in result["directories_differ"]] == [
+        "missing", "mode 0755, not 0700"]
+    config, unit = result["files_differ"]
+    assert config["what"] == "config"  # the caller's own keys come back, to act on
+    assert config["reason"] == "mode 0644, not 0640; content differs; lacks the required text"
+    assert unit["reason"] == "missing"
+    assert result["exists"] == {str(conf): True, str(tmp_path / "nothing"): False}
+    assert result["pip"][0]["missing"] == ["ansible-core<1", "forja-no-such-dist"]
+    assert result["pip"][1] == {"python": str(tmp_path / "venv/bin/python"), "purelib": None,
+                                "missing": ["notebook==6.5.7"], "files_differ": []}
+    got = [(d["url"].rsplit("/", 1)[-1], d["got"]) for d in result["http_differ"]]
+    assert got == [("ws", 400), ("", None)]
+    if shutil.which("dpkg-query"):
+        assert result["packages_missing"] == ["forja-no-such-package"]
+        assert "package forja-no-such-package: not installed" in result["differences"]
+
+
+def test_an_entry_without_its_key_is_refused_with_the_field_named():
+    proc = subprocess.run(
+        [str(Path(sys.executable).with_name("ansible")), "localhost", "-i", "localhost,", "-c", "local", "-o",
+         "-e", f"ansible_python_interpreter={sys.executable}",
+         "-m", "forja.gpu.host_state", "-a", json.dumps({"files": [{"mode": "0644"}]})],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")})
+    assert proc.returncode != 0 and "files[0] has no 'path'" in proc.stdout

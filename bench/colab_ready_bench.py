@@ -26,15 +26,16 @@ from pathlib import Path
 
 import yaml
 
-from forja.tunnel import ssh_tunnel
+from forja import host_contract
 from forja_sandbox import service, testhosts
 from forja_sandbox.colab import run_via_direct
+from forja_sandbox.tunnel import ssh_tunnel
 
 ROOT = Path(__file__).resolve().parents[1]
 
 GOAL_S = 60.0
 VM = "forja-l4"
-REMOTE_PORT = 8888  # jupyter_colab_port's default, which site.yml uses
+REMOTE_PORT = int(host_contract.value("jupyter_port"))  # the host contract's port, which site.yml uses
 LOCAL_PORT = 18899  # the direct path does not need equal ports; this one collides with no suite
 FIRST_CELL = """
 import sys, torch
@@ -72,6 +73,7 @@ def first_cell(address: str, token_file: Path) -> tuple[float, str]:
 
 def on_sandbox() -> list[tuple[str, float, str]]:
     service.destroy()
+    service.ensure_running()
     rows: list[tuple[str, float, str]] = []
     start = time.perf_counter()
     testhosts.lowerdirs("dlvm")
@@ -79,7 +81,7 @@ def on_sandbox() -> list[tuple[str, float, str]]:
     for name, playbook in [("provision (VM from the DLVM image, SSH up)", "playbooks/provision.yml"),
                            ("nvidia_stack (no GPU here)", "playbooks/gpu.yml"),
                            ("jupyter_colab (server + PyTorch kernel)", "playbooks/jupyter.yml")]:
-        wall, changed = play(playbook)
+        wall, changed = play(playbook, "-i", "inventory/sandbox")
         rows.append((name, wall, f"changed={changed}"))
     (row,) = [r for r in service.describe()["instances"] if str(r["instance"]).endswith(f"/{VM}")]
     wall, out = first_cell(str(row["address"]), Path.home() / ".config/forja/tokens" / f"{VM}.jupyter-token")
@@ -102,7 +104,7 @@ def on_test_host(index: int) -> list[tuple[str, float, str]]:
         playbook = Path(work) / "play.yml"
         playbook.write_text(yaml.safe_dump([{"name": "Colab-ready", "hosts": "all", "become": True,
                                              "vars": {"jupyter_colab_token_fetch_path": str(token)},
-                                             "roles": ["jupyter_colab"]}]))
+                                             "roles": ["forja.gpu.jupyter_colab"]}]))
         wall, changed = play(str(playbook), "-i", str(inventory))
         rows.append(("jupyter_colab (server + PyTorch kernel)", wall, f"changed={changed}"))
         wall, out = first_cell(host.address, token)

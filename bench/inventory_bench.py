@@ -47,7 +47,7 @@ def seed(emulator, instances: int, zones: int) -> list[str]:
 
 
 def write_config(path: Path, cache_dir: Path | None) -> Path:
-    lines = ["plugin: gcp_gpu", f"projects: [{PROJECT}]"]
+    lines = ["plugin: forja.gpu.gcp_gpu", f"projects: [{PROJECT}]"]
     if cache_dir is not None:
         lines += [
             "cache: true",
@@ -104,9 +104,6 @@ def run_cli(config: Path, env: dict[str, str], hosts: int) -> None:
 def load_in_process(config: Path, hosts: int) -> None:
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
-    from ansible.plugins.loader import init_plugin_loader
-
-    init_plugin_loader()  # what the ansible CLIs do first; needed to load cache plugins by their FQCN
 
     inventory = InventoryManager(loader=DataLoader(), sources=[str(config)])
     found = len(inventory.get_groups_dict().get("forja_gpu", []))
@@ -120,10 +117,12 @@ def main() -> None:
     parser.add_argument("--zones", type=int, default=20)
     args = parser.parse_args()
 
-    import ansible.module_utils
+    from ansible.plugins.loader import init_plugin_loader
 
-    ansible.module_utils.__path__.append(str(ROOT / "plugins" / "module_utils"))
-    from ansible.module_utils.forja_gcp import GcpClient, GcpConfig
+    # What the ansible CLIs do first (and what loads cache plugins by their FQCN), with forja.gpu
+    # found in the clone as ansible.cfg finds it.
+    init_plugin_loader([str(ROOT / "collections")])
+    from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import GcpClient, GcpConfig
 
     from forja_sandbox.compute_emulator import ComputeEmulator
 

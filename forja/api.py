@@ -7,43 +7,47 @@
     print(result.summary["final_loss"], result.artifact_dir)
     run = f.train(script="train.py", args=["--lr", "3e-4"], wait=False)   # your own script, detached
     f.follow(run.run_id)                                  # pick it up again: hours or days later
+    print(f.tunnel().colab_url, f.cost().lines[0].usd_per_hour)
+    stream = f.iter_events("status")                      # events as they happen, then the result
+    for item in stream: ...                               # stream.cancel() stops this call only
     f.down()
 
-Every method runs one of the repository's playbooks through `forja.runner` (real Ansible, no
-shortcuts), returns frozen dataclasses and raises the typed errors of `forja.errors` carrying the
-failing host, task and message. Every training run is recorded in `forja.history` before it
+Every verb of the `forja` command is one of these methods, with the same docstring. Every method
+runs one of the repository's playbooks through `forja.runner` (real Ansible, no shortcuts), returns
+frozen dataclasses and raises the typed errors of `forja.errors` carrying the failing host, task and
+message. Every training run is recorded in `forja.history` before it
 starts, so a run that fails, is cancelled or preempted is marked as such, never lost.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import hashlib
 import json
 import math
 import os
-import queue
 import re
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from forja import errors, runstate
+from forja import contract, errors, runstate
 from forja import events as ev
 from forja.history import History, summary_fields
 from forja.inventory import InventoryHost
-from forja.runner import PlaybookRun, RunResult
+from forja.runner import PlaybookRun, RunResult, Stream
 from forja.runner import run as run_playbook
+from forja.tunnel import TunnelPlan
 
-RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
-#: Terminal statuses of a run, as the host reports them (their home is forja.runstate).
-FINAL = runstate.FINAL
+#: What a run name may be: the host contract's pattern (roles/host_contract), which trainer_run checks too.
+RUN_NAME = runstate.RUN_NAME
 #: Seconds one follow playbook (playbooks/train_wait.yml) polls before the next one takes over.
 #: A window, not a limit: following goes on window after window until the run ends; the window
 #: only bounds what one playbook holds. FORJA_FOLLOW_WINDOW_S overrides it (tests use seconds).
@@ -84,6 +88,35 @@ class TrainResult:
     #: run goes on: "detach" (asked not to wait), "timeout" (the caller's limit), "interrupted"
     #: (Ctrl-C, KeyboardInterrupt or `cancel`). `follow()` picks the run up again.
     detached: str | None = None
+
+
+@dataclass(frozen=True)
+class CostReport:
+    """What `Forja.cost` found: one line per priced instance, its budget check, the hosts not priced."""
+
+    prices_date: str
+    now: datetime
+    lines: list[Any]
+    #: One per line (None without a per-instance cap); `project` is the check of a project cap.
+    checks: list[Any]
+    project: Any | None
+    skipped: list[str]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON document of `forja --json cost`: every figure at full precision."""
+        out: dict[str, Any] = {
+            "prices_date": self.prices_date,
+            "now": self.now.isoformat(),
+            "instances": [
+                {**line.as_dict(),
+                 "budget": None if chk is None else {"level": chk.level.value, "message": chk.message}}
+                for line, chk in zip(self.lines, self.checks, strict=True)
+            ],
+            "skipped": self.skipped,
+        }
+        if self.project is not None:
+            out["project_budget"] = {"level": self.project.level.value, "message": self.project.message}
+        return out
 
 
 def how_to_follow(run_id: str) -> str:
@@ -149,8 +182,26 @@ def _new_run_id(config: Path) -> str:
     return f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
 
 
+@dataclass(frozen=True)
+class _Call:
+    """One API call streamed by `Forja.iter_events`: its own cancel token and its own listener,
+    seen by every playbook the call runs (train runs several) and by no other call."""
+
+    forja: Forja
+    cancelled: threading.Event
+    emit: Callable[[ev.Event], None]
+
+
+#: The call the current thread is serving (set by iter_events in the call's own thread).
+_CALL: ContextVar[_Call | None] = ContextVar("forja_call", default=None)
+
+
 class Forja:
     """One project's view of its GPU hosts.
+
+    One `Forja` may serve concurrent calls from several threads (or `iter_events` streams): each
+    call has its own cancel token and its own events, and the history is a SQLite file opened per
+    operation.
 
     Args:
         project_dir: the user's project folder: sent with the trainer by `train()` unless told
@@ -198,7 +249,9 @@ class Forja:
         self.send_project = send_project
         window = follow_window_s or os.environ.get("FORJA_FOLLOW_WINDOW_S") or FOLLOW_WINDOW_S
         self.follow_window_s = max(1, int(window))
-        self._cancel = threading.Event()
+        #: The cancel token of every call in flight (one per call: calls never cancel each other).
+        self._inflight: set[threading.Event] = set()
+        self._lock = threading.Lock()
 
     # -- plumbing ---------------------------------------------------------------------------
     def _request(
@@ -224,19 +277,25 @@ class Forja:
         timeout_s: int | None = None,
         check: bool = True,
     ) -> RunResult:
+        call = _CALL.get()
+        if call is not None and call.forja is not self:
+            call = None  # another Forja's call, made from inside it
+        # A call streamed by iter_events owns one token for all its playbooks; a plain call gets
+        # one per playbook. Either way it is this call's alone.
+        token = call.cancelled if call is not None else threading.Event()
+        listeners = (on_event, call.emit if call is not None else None, self.on_event)
+
         def cancelled() -> bool:
-            return self._cancel.is_set() or (cancel is not None and cancel.is_set())
+            return token.is_set() or (cancel is not None and cancel.is_set())
 
         def fan_out(event: ev.Event) -> None:
-            for cb in (on_event, self.on_event):
+            for cb in listeners:
                 if cb is not None:
                     cb(event)
 
-        try:
-            request = self._request(playbook, extravars, timeout_s)
+        request = self._request(playbook, extravars, timeout_s)
+        with self._tracked(token):
             result = run_playbook(request, on_event=fan_out, cancel=cancelled)
-        finally:
-            self._cancel.clear()
         self._raise_if_stopped(result)
         return result.raise_for_status() if check else result
 
@@ -260,10 +319,28 @@ class Forja:
             if host is not None and host.stopped:
                 raise inventory.stopped_error(host, task=outcome.task)
 
+    @contextlib.contextmanager
+    def _tracked(self, token: threading.Event) -> Iterator[None]:
+        """Count a call's token as in flight (for `cancel()`) while its playbook runs."""
+        with self._lock:
+            self._inflight.add(token)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._inflight.discard(token)
+
     def cancel(self) -> None:
-        """Cancel the playbook this object is running (from another thread). A training unit
-        already started on a host keeps running; `stop()` ends it."""
-        self._cancel.set()
+        """Cancel every call this object is running now (from another thread or an event callback).
+
+        Calls are independent: to cancel one of several concurrent calls, run it through
+        `iter_events` and cancel its stream, or give it its own `cancel` event. A training unit
+        already started on a host keeps running; `stop()` ends it.
+        """
+        with self._lock:
+            tokens = list(self._inflight)
+        for token in tokens:
+            token.set()
 
     # -- the host's lifecycle ---------------------------------------------------------------
     def up(self) -> RunResult:
@@ -420,7 +497,7 @@ class Forja:
                 return self._detached(name, "interrupted", states, last)
             if last.status in ("canceled", "timeout"):
                 return self._detached(name, "interrupted", states, last)
-            states = [(h, s) for h, s in runstate.from_stats(last.artifact_data) if s.run == name]
+            states = [(h, s) for h, s in contract.read_stats(last.artifact_data).runs if s.run == name]
             rank0 = _rank0(states)
             if rank0 is None:
                 last.raise_for_status()
@@ -495,49 +572,22 @@ class Forja:
             raise errors.ConfigError("trainer_run_poll_s", f"{value!r} is not a whole number of seconds >= 1")
         return poll
 
-    async def train_async(self, config: str | Path, **kwargs: Any) -> TrainResult:
-        """asyncio variant of `train`: cancelling the awaiting task cancels the playbook."""
-        stop = threading.Event()
-        try:
-            return await asyncio.to_thread(self.train, config, cancel=stop, **kwargs)
-        except asyncio.CancelledError:
-            stop.set()
-            raise
-
-    def iter_events(self, method: str, *args: Any, **kwargs: Any) -> Iterator[ev.Event | Any]:
-        """Yield the typed events of any method (`"train"`, `"up"`, ...) as they happen, then its
-        return value last. Stopping the iteration early cancels the playbook."""
-        q: queue.Queue[tuple[str, Any]] = queue.Queue()
-        previous = self.on_event
+    def iter_events(self, method: str, *args: Any, **kwargs: Any) -> Stream[ev.Event, Any]:
+        """Stream any method (`"train"`, `"up"`, `"status"`, ...): its typed events as they happen,
+        then its return value last. The call runs in its own thread with its own cancel token:
+        `cancel()` on the stream, or leaving the loop early, cancels this call and no other, so one
+        `Forja` can serve several streams at once."""
         target = getattr(self, method)
 
-        def tee(event: ev.Event) -> None:
-            q.put(("event", event))
-            if previous is not None:
-                previous(event)
-
-        def work() -> None:
+        def work(emit: Callable[[ev.Event], None], cancelled: threading.Event) -> Any:
+            entered = _CALL.set(_Call(self, cancelled, emit))
             try:
-                q.put(("done", target(*args, **kwargs)))
-            except BaseException as exc:  # handed to the consumer
-                q.put(("error", exc))
+                with self._tracked(cancelled):
+                    return target(*args, **kwargs)
+            finally:
+                _CALL.reset(entered)
 
-        self.on_event = tee
-        thread = threading.Thread(target=work, name=f"forja-{method}", daemon=True)
-        thread.start()
-        try:
-            while True:
-                kind, item = q.get()
-                if kind == "error":
-                    raise item
-                yield item
-                if kind == "done":
-                    return
-        finally:
-            if thread.is_alive():
-                self.cancel()
-                thread.join()
-            self.on_event = previous
+        return Stream(work, name=f"forja-{method}")
 
     def status(self, name: str | None = None) -> list[TrainStatus]:
         """The state of one run (or every run) on every host, as the hosts report it.
@@ -631,6 +681,125 @@ class Forja:
 
         return inventory.hosts(self.inventory, pattern)
 
+    def tunnel(
+        self,
+        host: str | None = None,
+        local_port: int | None = None,
+        *,
+        iap: bool | None = None,
+        show_token: bool = False,
+        start: bool = False,
+    ) -> TunnelPlan:
+        """The SSH tunnel to a host's Jupyter and the URL to paste into Colab (`TunnelPlan.open()` runs it).
+
+        `host` is an inventory host of forja_gpu (None: the first). Both ends use the port the host's
+        Jupyter serves, as the role publishes it (`jupyter()`): Colab needs them equal.
+        A stopped VM raises `HostStopped` (exit 6) saying since when and why; `start=True` starts it
+        first (playbooks/provision.yml, as `up()` does).
+        """
+        from forja import inventory
+
+        chosen = self.gpu_host(host)
+        if chosen.stopped and start:
+            self.up()
+            chosen = self.gpu_host(host)
+        if chosen.stopped:
+            raise inventory.stopped_error(chosen)
+        connection = self.jupyter(chosen.name, iap=iap)[chosen.name]
+        return connection.plan(chosen.name, local_port, show_token)
+
+    def gpu_host(self, host: str | None = None) -> InventoryHost:
+        """The GPU host a one-host verb (tunnel) acts on: `host`, or the first of the forja_gpu group.
+
+        Raises ConfigError naming --host when the inventory has no such host.
+        """
+        hosts = self.hosts()
+        chosen = [h for h in hosts if host in (None, h.name)]
+        if not chosen:
+            raise errors.ConfigError(
+                "--host", f"{host or 'forja_gpu'} is not in the inventory ({len(hosts)} GPU hosts)"
+            )
+        return chosen[0]
+
+    def jupyter(
+        self, host: str | None = None, *, iap: bool | None = None
+    ) -> dict[str, contract.JupyterConnection]:
+        """How to reach each host's Jupyter from Colab, as the jupyter_colab role publishes it.
+
+        Runs playbooks/jupyter_connection.yml (changes nothing on the host): the port is the one the
+        host's Jupyter serves, the tunnel command the role's own (gcloud's IAP form when `iap`, plain
+        ssh when `iap` is False, the role's choice when None); the token is copied to this machine
+        again, never published.
+        """
+        extravars: dict[str, Any] = {"forja_hosts": host} if host else {}
+        if iap is not None:
+            extravars |= {"jupyter_colab_tunnel_style": "gcloud" if iap else "ssh",
+                          "jupyter_colab_tunnel_via_iap": iap}
+        result = self._run("jupyter_connection.yml", extravars)
+        found = contract.read_stats(result.artifact_data).jupyter
+        if host and host not in found:
+            raise errors.ConfigError("--host", f"{host} has no Jupyter connection; run `forja configure`")
+        return found
+
+    def cost(
+        self,
+        instances: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        prices: str | Path | None = None,
+        cap: float | None = None,
+        warn: float = 0.8,
+        scope: str = "instance",
+        now: str | datetime | None = None,
+    ) -> CostReport:
+        """Each instance's hourly rate, uptime, spend, monthly figure if left running, and disk cost.
+
+        Instances are the inventory's GCP hosts (their records), or `instances` (dicts shaped like
+        those records: offline reports, tests). `prices` is a YAML merged over the built-in table;
+        `cap` checks spend against a cap in USD per 'instance' or for the 'project' (`scope`),
+        warning at the `warn` fraction of it; `now` computes as of an RFC 3339 time.
+        """
+        from forja import inventory
+        from forja.cost.budget import Budget, check_instance, check_project
+        from forja.cost.prices import PriceError, load_prices
+        from forja.cost.spend import cost_report, parse_time
+
+        if scope not in ("instance", "project"):
+            raise errors.ConfigError("scope", f"{scope!r}: use 'instance' or 'project'")
+        try:
+            table = load_prices(Path(prices) if prices else None)
+            budget = Budget(cap, warn) if cap is not None else None
+        except (PriceError, ValueError) as exc:
+            raise errors.ConfigError("prices/cap/warn", str(exc)) from exc
+        moment = parse_time(now) if now else datetime.now(timezone.utc)
+        skipped: list[str] = []
+        if instances is None:
+            raw, skipped = inventory.gcp_instances(self.inventory)
+        else:
+            raw = [dict(i) for i in instances]
+        try:
+            lines = cost_report(raw, table, moment)
+        except (PriceError, ValueError) as exc:
+            raise errors.ConfigError("instances/prices", str(exc)) from exc
+        checks: list[Any] = [None] * len(lines)
+        project = None
+        if budget is not None and scope == "instance":
+            checks = [check_instance(budget, line) for line in lines]
+        elif budget is not None:
+            project = check_project(budget, lines)
+        return CostReport(table.date, moment, lines, checks, project, skipped)
+
+    def rate(
+        self, machine_type: str, zone: str, *, spot: bool = False, prices: str | Path | None = None
+    ) -> Any:
+        """The hourly rate of one machine type in one zone (on demand, or Spot), with its basis."""
+        from forja.cost.prices import PriceError, load_prices
+        from forja.cost.spend import rate_of
+
+        try:
+            return rate_of(machine_type, zone, load_prices(Path(prices) if prices else None), spot)
+        except (PriceError, ValueError) as exc:
+            raise errors.ConfigError("machine_type/zone/prices", str(exc)) from exc
+
     # -- helpers ------------------------------------------------------------------------------
     def results_dir(self, run_id: str) -> Path:
         return self.project_dir / "forja-runs" / run_id
@@ -640,7 +809,7 @@ class Forja:
     ) -> list[tuple[str, runstate.RunState]]:
         """(host, state) of runs as the status play publishes them (set_stats: the typed contract)."""
         result = self._run("train_status.yml", extravars, cancel=cancel)
-        return runstate.from_stats(result.artifact_data)
+        return contract.read_stats(result.artifact_data).runs
 
     def _read_results(self, run_id: str, folder: Path | None = None) -> tuple[dict[str, Any], Path | None]:
         """The summary from the rank-0 host's fetched folder (the one that has summary.json)."""

@@ -1,10 +1,16 @@
 """The `forja` command: a thin typer/rich shell over `forja.api.Forja`.
 
-Every command prints a human table by default and one JSON document with `--json`, so
-scripts never scrape text. Exit codes mean something (see `ExitCode`): 0 ok, 1 a playbook
-task failed, 2 bad usage or input, 3 a host is unreachable, 4 cancelled, 5 not found,
-6 the VM is stopped (the message says since when and why; `forja up` starts it), 7 the command
-stopped following a run that goes on (`--timeout` expired, or Ctrl-C: not a failure of the run).
+Every verb is a `Forja` method, registered with `verb(Forja.method)`: the command's help is the
+method's docstring (one text for the API and the CLI), and every error takes one path (`_errors`):
+a `ForjaError` prints its message (or one JSON document under `--json`) and exits with its code.
+The commands only parse options, call the method and print. Exit codes mean something (see
+`ExitCode`): 0 ok, 1 a playbook task failed, 2 bad usage or input, 3 a host is unreachable,
+4 cancelled, 5 not found, 6 the VM is stopped (the message says since when and why; `forja up`
+starts it), 7 the command stopped following a run that goes on (`--timeout` expired, or Ctrl-C:
+not a failure of the run).
+
+Tables show numbers for people (`forja.format`: `0.008180`, `0.2¢`, `$0.71/h`, `2h 05m`);
+`--json` prints the API's values at full precision.
 
 Other parts add their commands in the "Commands from other parts" block at the end, one
 line each, so this file stays the single entry point (`forja = forja.cli:app`).
@@ -13,14 +19,19 @@ line each, so this file stays the single entry point (`forja = forja.cli:app`).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib.metadata
+import inspect
 import json
+import os
+import re
 import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -28,13 +39,19 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 from typer.core import TyperCommand
 
+from forja import format as fmt
+from forja.api import Forja
 from forja.errors import ConfigError, ExitCode, ForjaError
+from trainer.summary import HEADLINE
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 ok, 1 a playbook task failed, 2 bad usage or input, 3 a host is unreachable, "
     "4 cancelled, 5 run not found, 6 the VM is stopped (start it with `forja up`), "
     "7 stopped following a run that goes on (--timeout, Ctrl-C)."
 )
+#: What Ctrl-C means to a command that may have started a training run.
+RUN_GOES_ON = ("interrupted; a run already started keeps going on the host "
+               "(forja status / forja logs -f NAME / forja stop NAME)")
 
 app = typer.Typer(
     name="forja",
@@ -43,8 +60,22 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+cost_app = typer.Typer(name="cost", invoke_without_command=True, no_args_is_help=False)
 console = Console(stderr=True)  # progress, errors
-out = Console()  # tables: the command's result
+
+
+class _Out:
+    """The command's result on stdout: the terminal's width, or 160 columns when piped or captured,
+    so that a table in a log or a script's capture never cuts names and numbers to 80 columns."""
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        screen = Console()
+        (screen if screen.is_terminal else Console(width=160)).print(*objects, **kwargs)
+
+
+out = _Out()
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclasses.dataclass
@@ -60,23 +91,25 @@ class Options:
 
 def _parse_extravars(pairs: list[str]) -> dict[str, Any]:
     """`-e key=value` pairs; values are parsed as JSON when they look like JSON, else kept as text."""
-    out: dict[str, Any] = {}
+    parsed: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise typer.BadParameter(f"{pair!r}: expected KEY=VALUE", param_hint="--extra-var/-e")
         try:
-            out[key] = json.loads(value)
+            parsed[key] = json.loads(value)
         except ValueError:
-            out[key] = value
-    return out
+            parsed[key] = value
+    return parsed
 
 
 @app.callback()
 def main(
     ctx: typer.Context,
     inventory: Annotated[
-        str | None, typer.Option("--inventory", "-i", help="Inventory path (default: ansible.cfg's).")
+        str | None,
+        typer.Option("--inventory", "-i", envvar="FORJA_INVENTORY",
+                     help="inventory/gcp_gpu.yml (Google Cloud) or inventory/sandbox (the local sandbox)."),
     ] = None,
     limit: Annotated[
         str | None, typer.Option("--limit", "-l", help="Only these hosts (Ansible pattern).")
@@ -104,14 +137,18 @@ def main(
 
 
 def _opts(ctx: typer.Context) -> Options:
-    return ctx.obj if isinstance(ctx.obj, Options) else Options()
+    obj = ctx.find_object(Options)  # set by `main` on the root context; sub-apps (cost) look up
+    return obj if isinstance(obj, Options) else Options()
 
 
-def _forja(ctx: typer.Context, on_event: Callable[[Any], None] | None = None) -> Any:
-    """Build the API object from the global options (imported late: `forja --help` stays fast)."""
-    from forja.api import Forja
-
+def _forja(
+    ctx: typer.Context, on_event: Callable[[Any], None] | None = None, *, needs_inventory: bool = True
+) -> Forja:
+    """The API object, built from the global options. A verb that reads the inventory or runs a
+    playbook needs one named (`needs_inventory`); the history (`runs`) and a price lookup do not."""
     o = _opts(ctx)
+    if needs_inventory and o.inventory is None and not os.environ.get("ANSIBLE_INVENTORY"):
+        raise _no_inventory()
     return Forja(
         inventory=o.inventory,
         extravars=o.extravars,
@@ -121,6 +158,90 @@ def _forja(ctx: typer.Context, on_event: Callable[[Any], None] | None = None) ->
     )
 
 
+def _no_inventory() -> ConfigError:
+    """No -i, FORJA_INVENTORY or ANSIBLE_INVENTORY: stop before anything runs, naming the choices that
+    ansible.cfg's default inventory (inventory/choose.yml, their one home) lists."""
+    import configparser
+
+    import yaml
+
+    from forja.runner import REPO_ROOT
+
+    cfg = configparser.ConfigParser(interpolation=None)
+    cfg.read(REPO_ROOT / "ansible.cfg")
+    default = REPO_ROOT / cfg.get("defaults", "inventory", fallback="inventory/choose.yml")
+    choices = (yaml.safe_load(default.read_text()) or {}).get("choices", {}) if default.is_file() else {}
+    named = "; ".join(f"-i {path} ({what})" for path, what in choices.items())
+    return ConfigError("--inventory", f"no inventory chosen. Name one: {named or '-i PATH'}; "
+                                      "or set FORJA_INVENTORY to it")
+
+
+# -- the one error path and the one way to register a verb -------------------------------------
+def _error_fields(exc: ForjaError) -> dict[str, Any]:
+    keys = ("host", "task", "field", "status", "since", "why")
+    return {k: getattr(exc, k) for k in keys if getattr(exc, k, None)}
+
+
+@contextmanager
+def _errors(ctx: typer.Context, on_interrupt: str) -> Iterator[None]:
+    """Map what a verb raises to its exit code: a ForjaError's own code (its message, or one JSON
+    document under --json), Ctrl-C that reached here 4 (cancelled). Click's usage errors pass."""
+    as_json = _opts(ctx).json
+    try:
+        yield
+    except ForjaError as exc:
+        if as_json:
+            _emit_json({"error": type(exc).__name__, "message": exc.message, **_error_fields(exc)})
+        else:
+            console.print(f"[bold red]error:[/] {exc.message}", soft_wrap=True)
+        raise typer.Exit(int(exc.exit_code)) from exc
+    except KeyboardInterrupt as exc:
+        console.print(f"[yellow]{on_interrupt}[/]", soft_wrap=True)
+        raise typer.Exit(int(ExitCode.CANCELLED)) from exc
+
+
+_SECTION = re.compile(r"^(Args|Arguments|Returns|Raises|Yields):\s*$")
+
+
+def _doc(method: Callable[..., Any]) -> str:
+    """The method's docstring without its Python-only sections (Args, Returns, ...), each paragraph
+    on one line so that the help reflows it to the terminal's width."""
+    lines = (inspect.getdoc(method) or "").splitlines()
+    for i, line in enumerate(lines):
+        if _SECTION.match(line):
+            lines = lines[:i]
+            break
+    paragraphs = "\n".join(lines).strip().split("\n\n")
+    return "\n\n".join(" ".join(line.strip() for line in p.splitlines()) for p in paragraphs)
+
+
+def verb(
+    method: Callable[..., Any],
+    name: str | None = None,
+    *,
+    on_interrupt: str = "cancelled",
+    register: Callable[..., Callable[[F], F]] | None = None,
+    **settings: Any,
+) -> Callable[[F], F]:
+    """Register a command for a `Forja` method: its help is the method's docstring, its errors go
+    through `_errors`. `settings` go to typer (e.g. `epilog` for what only the command does)."""
+
+    def decorate(fn: F) -> F:
+        @functools.wraps(fn)
+        def command(ctx: typer.Context, *args: Any, **kwargs: Any) -> Any:
+            with _errors(ctx, on_interrupt):
+                return fn(ctx, *args, **kwargs)
+
+        command.__doc__ = None
+        add = register or app.command
+        options = {"help": _doc(method), **settings}
+        decorator = add(name, **options) if name is not None else add(**options)
+        return decorator(command)  # type: ignore[no-any-return]
+
+    return decorate
+
+
+# -- printing -----------------------------------------------------------------------------------
 def _jsonable(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         # A RunResult's raw event list is for callers in Python, not for --json output.
@@ -139,17 +260,10 @@ def _emit_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(_jsonable(obj), indent=2, default=str) + "\n")
 
 
-def _fail(exc: ForjaError, as_json: bool) -> typer.Exit:
-    if as_json:
-        _emit_json({"error": type(exc).__name__, "message": exc.message, **_error_fields(exc)})
-    else:
-        console.print(f"[bold red]error:[/] {exc.message}")
-    return typer.Exit(int(exc.exit_code))
-
-
-def _error_fields(exc: ForjaError) -> dict[str, Any]:
-    keys = ("host", "task", "field", "status", "since", "why")
-    return {k: getattr(exc, k) for k in keys if getattr(exc, k, None)}
+def _steps(step: int | None, total: int | None) -> str:
+    if step is None:
+        return ""
+    return f"{fmt.count(step)}/{fmt.count(total)}" if total else fmt.count(step)
 
 
 @contextmanager
@@ -179,17 +293,17 @@ def _progress(enabled: bool) -> Iterator[Callable[[Any], None] | None]:
         def on_event(event: Any) -> None:
             if isinstance(event, ev.TaskStarted):
                 progress.update(bar("play"), description=event.task)
-            elif isinstance(event, ev.TaskOk) and event.task in ev.ANNOUNCE_TASKS:
-                progress.console.print(f"[cyan]{event.host}[/]: {event.result.get('msg', '')}")
+            elif isinstance(event, ev.Announcement):
+                progress.console.print(f"[cyan]{event.host}[/]: {event.text}")
             elif isinstance(event, ev.TaskFailed) and not event.ignored:
                 progress.console.print(f"[red]failed[/] {event.host}: {event.task}: {event.message}")
             elif isinstance(event, ev.HostUnreachable):
                 progress.console.print(f"[red]unreachable[/] {event.host}: {event.message}")
             elif isinstance(event, ev.TrainProgress):
-                total = event.total_steps or None
-                loss = f" loss {event.loss:.4f}" if event.loss is not None else ""
-                text = f"step {event.step}{loss}"
-                progress.update(bar(event.host), completed=event.step, total=total, description=text)
+                loss = f" loss {fmt.loss(event.loss)}" if event.loss is not None else ""
+                text = f"step {_steps(event.step, event.total_steps)}{loss}"
+                progress.update(bar(event.host), completed=event.step, total=event.total_steps or None,
+                                description=text)
             elif isinstance(event, ev.PlaybookFinished):
                 progress.update(bar("play"), description=f"done ({event.playbook})", total=1, completed=1)
 
@@ -197,7 +311,8 @@ def _progress(enabled: bool) -> Iterator[Callable[[Any], None] | None]:
 
 
 def _result_table(result: Any) -> Table:
-    table = Table(title=f"{result.playbook}: {result.status} (rc {result.rc}, {result.duration_s:.1f} s)")
+    took = fmt.duration(result.duration_s)
+    table = Table(title=f"{result.playbook}: {result.status} (rc {result.rc}, {took})")
     for col in ("host", "ok", "changed", "failed", "unreachable", "skipped"):
         table.add_column(col, justify="right" if col != "host" else "left")
     for host, s in sorted(result.stats.items()):
@@ -205,16 +320,11 @@ def _result_table(result: Any) -> Table:
     return table
 
 
-def _run_playbook_command(ctx: typer.Context, action: Callable[[Any], Any]) -> None:
+def _playbooks(ctx: typer.Context, action: Callable[[Forja], Any]) -> None:
+    """Run a verb that runs playbooks, with progress; print its recap table(s) or its JSON."""
     o = _opts(ctx)
-    try:
-        with _progress(not o.json) as on_event:
-            result = action(_forja(ctx, on_event))
-    except ForjaError as exc:
-        raise _fail(exc, o.json) from exc
-    except KeyboardInterrupt as exc:
-        console.print("[yellow]cancelled[/]")
-        raise typer.Exit(int(ExitCode.CANCELLED)) from exc
+    with _progress(not o.json) as on_event:
+        result = action(_forja(ctx, on_event))
     if o.json:
         _emit_json(result)
     else:
@@ -222,27 +332,26 @@ def _run_playbook_command(ctx: typer.Context, action: Callable[[Any], Any]) -> N
             out.print(_result_table(one))
 
 
-@app.command()
+# -- the host's lifecycle -----------------------------------------------------------------------
+@verb(Forja.up)
 def up(ctx: typer.Context) -> None:
-    """Create (or start) the GPU host: playbooks/provision.yml."""
-    _run_playbook_command(ctx, lambda f: f.up())
+    _playbooks(ctx, lambda f: f.up())
 
 
-@app.command()
+@verb(Forja.configure)
 def configure(ctx: typer.Context) -> None:
-    """Install the GPU stack and the Colab-ready Jupyter: playbooks/gpu.yml then jupyter.yml."""
-    _run_playbook_command(ctx, lambda f: f.configure())
+    _playbooks(ctx, lambda f: f.configure())
 
 
-@app.command()
+@verb(Forja.down)
 def down(
     ctx: typer.Context,
     delete: Annotated[bool, typer.Option("--delete", help="Delete the VM instead of stopping it.")] = False,
 ) -> None:
-    """Stop (or delete) the GPU host: playbooks/teardown.yml."""
-    _run_playbook_command(ctx, lambda f: f.down(delete=delete))
+    _playbooks(ctx, lambda f: f.down(delete=delete))
 
 
+# -- training -----------------------------------------------------------------------------------
 class _ScriptArgsCommand(TyperCommand):
     """Keeps everything after the first `--` for the user's script (`--script train.py -- --lr 3e-4`)
     instead of letting it fill the command's own positional arguments."""
@@ -276,21 +385,22 @@ def _ctrl_c_sets(event: threading.Event) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+#: The summary fields `forja train` and `forja follow` show, in this order (forja.format shows each):
+#: the trainer's headline (trainer.summary), the same as `python -m trainer train` prints.
+SUMMARY_SHOWN = HEADLINE
+FOLLOWING = ("Following has no time limit. Ctrl-C stops following and leaves the run going (exit 7); "
+             "so does an expired --timeout. `forja follow NAME` picks it up again, "
+             "`forja stop NAME` ends it.")
+
+
 def _follow_command(
-    ctx: typer.Context, action: Callable[[Any, threading.Event], Any], timeout: float | None
+    ctx: typer.Context, action: Callable[[Forja, threading.Event], Any], timeout: float | None
 ) -> None:
     """Run `train` or `follow` with progress; report a run that ended, or one that goes on (exit 7)."""
     o = _opts(ctx)
     interrupted = threading.Event()
-    try:
-        with _ctrl_c_sets(interrupted), _progress(not o.json) as on_event:
-            result = action(_forja(ctx, on_event), interrupted)
-    except ForjaError as exc:
-        raise _fail(exc, o.json) from exc
-    except KeyboardInterrupt as exc:
-        console.print("[yellow]interrupted; a run already started keeps going on the host "
-                      "(forja status / forja logs -f NAME / forja stop NAME)[/]", soft_wrap=True)
-        raise typer.Exit(int(ExitCode.CANCELLED)) from exc
+    with _ctrl_c_sets(interrupted), _progress(not o.json) as on_event:
+        result = action(_forja(ctx, on_event), interrupted)
     if result.detached is not None:
         _report_detached(result, timeout, o.json)
         return
@@ -302,8 +412,8 @@ def _follow_command(
     table = Table(title=f"run {result.run_id}")
     table.add_column("field")
     table.add_column("value")
-    for key in ("status", "steps", "final_loss", "accuracy", "samples_per_s", "wall_s", "cost_usd"):
-        table.add_row(key, str(result.summary.get(key, "")))
+    for key in SUMMARY_SHOWN:
+        table.add_row(key, fmt.field(key, result.summary.get(key)))
     table.add_row("artifacts", str(result.artifact_dir or ""))
     out.print(table)
 
@@ -313,9 +423,10 @@ def _report_detached(result: Any, timeout: float | None, as_json: bool) -> None:
     `--detach` exits 0; a `--timeout` that expired or a Ctrl-C exits 7 (the run is not failed)."""
     from forja.api import how_to_follow
 
+    limit = f" after the {fmt.duration(timeout)} --timeout" if timeout else ""
     why = {
         "detach": "started",
-        "timeout": f"still running after the {timeout:g} s --timeout" if timeout else "still running",
+        "timeout": f"still running{limit}",
         "interrupted": "still running (Ctrl-C stopped following it, not the run)",
     }.get(result.detached, "still running")
     where = f" on {', '.join(result.hosts)}" if result.hosts else ""
@@ -329,7 +440,7 @@ def _report_detached(result: Any, timeout: float | None, as_json: bool) -> None:
         raise typer.Exit(int(ExitCode.STILL_RUNNING))
 
 
-@app.command(cls=_ScriptArgsCommand)
+@verb(Forja.train, cls=_ScriptArgsCommand, on_interrupt=RUN_GOES_ON, epilog=FOLLOWING)
 def train(
     ctx: typer.Context,
     config: Annotated[
@@ -365,11 +476,6 @@ def train(
     ] = None,
     checkpoints: Annotated[bool, typer.Option("--checkpoints", help="Also fetch checkpoints.")] = False,
 ) -> None:
-    """Send the trainer and your project, run training as a systemd unit, follow it to its end, fetch results.
-
-    Following has no time limit. Ctrl-C stops following and leaves the run going (exit 7); so does
-    an expired --timeout. `forja follow NAME` picks it up again, `forja stop NAME` ends it.
-    """
     args = list(ctx.meta.get("forja_script_args", []))
     _follow_command(
         ctx,
@@ -381,7 +487,7 @@ def train(
     )
 
 
-@app.command()
+@verb(Forja.follow, on_interrupt=RUN_GOES_ON, epilog=FOLLOWING)
 def follow(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Run name.")],
@@ -394,7 +500,6 @@ def follow(
     ] = True,
     checkpoints: Annotated[bool, typer.Option("--checkpoints", help="Also fetch checkpoints.")] = False,
 ) -> None:
-    """Follow a started run (after --detach or Ctrl-C) to its end with progress, then fetch its results."""
     _follow_command(
         ctx,
         lambda f, interrupted: f.follow(
@@ -404,30 +509,24 @@ def follow(
     )
 
 
-@app.command()
+@verb(Forja.status)
 def status(
     ctx: typer.Context,
     name: Annotated[str | None, typer.Argument(help="Run name (default: every run on the hosts).")] = None,
 ) -> None:
-    """Show each host's training units: state, step, loss."""
-    o = _opts(ctx)
-    try:
-        states = _forja(ctx).status(name)
-    except ForjaError as exc:
-        raise _fail(exc, o.json) from exc
-    if o.json:
+    states = _forja(ctx).status(name)
+    if _opts(ctx).json:
         _emit_json(states)
         return
     table = Table(title="training runs")
     for col in ("host", "run", "unit", "status", "step", "loss"):
-        table.add_column(col)
+        table.add_column(col, justify="right" if col in ("step", "loss") else "left")
     for s in states:
-        loss = f"{s.loss:.4f}" if s.loss is not None else ""
-        table.add_row(s.host, s.run, s.unit_state, s.status, str(s.step or ""), loss)
+        table.add_row(s.host, s.run, s.unit_state, s.status, _steps(s.step, s.total_steps), fmt.loss(s.loss))
     out.print(table)
 
 
-@app.command()
+@verb(Forja.logs, epilog="With -f, new lines as the run writes them, until it ends (Forja.follow_logs).")
 def logs(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Run name.")],
@@ -436,16 +535,11 @@ def logs(
         bool, typer.Option("--follow", "-f", help="Keep printing new lines until the run ends (or Ctrl-C).")
     ] = False,
 ) -> None:
-    """Print the training unit's journal from each host (-f: follow it until the run ends)."""
-    o = _opts(ctx)
     if follow_journal:
         _follow_logs(ctx, name, lines)
         return
-    try:
-        per_host = _forja(ctx).logs(name, lines=lines)
-    except ForjaError as exc:
-        raise _fail(exc, o.json) from exc
-    if o.json:
+    per_host = _forja(ctx).logs(name, lines=lines)
+    if _opts(ctx).json:
         _emit_json(per_host)
         return
     for host, text in sorted(per_host.items()):
@@ -458,53 +552,44 @@ def _follow_logs(ctx: typer.Context, name: str, lines: int) -> None:
     o = _opts(ctx)
     interrupted = threading.Event()
     shown = ""
-    try:
-        with _ctrl_c_sets(interrupted):
-            for host, text in _forja(ctx).follow_logs(name, lines=lines, cancel=interrupted):
-                if o.json:
-                    sys.stdout.write(json.dumps({"host": host, "text": text}) + "\n")
-                else:
-                    if host != shown:
-                        console.rule(host)
-                        shown = host
-                    sys.stdout.write(text if text.endswith("\n") else text + "\n")
-                sys.stdout.flush()
-    except ForjaError as exc:
-        raise _fail(exc, o.json) from exc
+    with _ctrl_c_sets(interrupted):
+        for host, text in _forja(ctx).follow_logs(name, lines=lines, cancel=interrupted):
+            if o.json:
+                sys.stdout.write(json.dumps({"host": host, "text": text}) + "\n")
+            else:
+                if host != shown:
+                    console.rule(host)
+                    shown = host
+                sys.stdout.write(text if text.endswith("\n") else text + "\n")
+            sys.stdout.flush()
     if interrupted.is_set():
         console.print(f"[yellow]stopped following the journal; run {name} goes on[/]")
 
 
-@app.command()
+@verb(Forja.fetch)
 def fetch(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Run name.")],
     dest: Annotated[Path | None, typer.Option("--dest", help="Where to put the results.")] = None,
     checkpoints: Annotated[bool, typer.Option("--checkpoints", help="Also fetch checkpoints.")] = False,
 ) -> None:
-    """Copy a run's metrics, plots, summary (and checkpoints) to this machine."""
-    o = _opts(ctx)
-    try:
-        result = _forja(ctx).fetch(name, dest=dest, checkpoints=checkpoints)
-    except ForjaError as exc:
-        raise _fail(exc, o.json) from exc
-    if o.json:
+    result = _forja(ctx).fetch(name, dest=dest, checkpoints=checkpoints)
+    if _opts(ctx).json:
         _emit_json(result)
     else:
         out.print(_result_table(result))
         out.print(f"results in {result.artifact_dir}")
 
 
-@app.command()
+@verb(Forja.stop)
 def stop(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Run name.")],
 ) -> None:
-    """Stop a training run (it checkpoints on SIGTERM) and keep it from resuming at boot."""
-    _run_playbook_command(ctx, lambda f: f.stop(name))
+    _playbooks(ctx, lambda f: f.stop(name))
 
 
-@app.command()
+@verb(Forja.runs)
 def runs(
     ctx: typer.Context,
     limit: Annotated[int, typer.Option("--limit", "-n", help="Newest N runs.")] = 20,
@@ -513,90 +598,37 @@ def runs(
         bool, typer.Option("--sync", help="First read every run on the hosts (adds runs started elsewhere).")
     ] = False,
 ) -> None:
-    """List the run history (every run, including preempted and failed ones, and runs that site.yml
-    started). The history holds what the hosts last reported; --sync asks them first."""
-    o = _opts(ctx)
-    try:
-        records = _forja(ctx).runs(limit=limit, status=status_filter, sync=sync)
-    except ForjaError as exc:
-        raise _fail(exc, o.json) from exc
-    if o.json:
+    records = _forja(ctx, needs_inventory=sync).runs(limit=limit, status=status_filter, sync=sync)
+    if _opts(ctx).json:
         _emit_json(records)
         return
     table = Table(title="runs")
-    for col in ("run", "status", "hosts", "started", "steps", "loss", "cost $", "preempt", "artifacts"):
-        table.add_column(col, no_wrap=col in ("run", "status"))
+    for col in ("run", "status", "hosts", "started", "steps", "loss", "cost", "preempt", "artifacts"):
+        justify = "right" if col in ("steps", "loss", "cost", "preempt") else "left"
+        table.add_column(col, no_wrap=col in ("run", "status", "started"), justify=justify)
     for r in records:
         table.add_row(
             r.run_id,
             r.status,
             ",".join(r.hosts),
-            r.started_at[:19],
-            str(r.steps if r.steps is not None else ""),
-            f"{r.last_loss:.4f}" if r.last_loss is not None else "",
-            f"{r.cost_usd:.4f}" if r.cost_usd is not None else "",
+            fmt.timestamp(r.started_at),
+            fmt.count(r.steps),
+            fmt.loss(r.last_loss),
+            fmt.money(r.cost_usd),
             str(r.preemptions),
             r.artifact_dir or "",
         )
     out.print(table)
 
 
-TOKEN_FILE = "~/.config/forja/tokens/{host}.jupyter-token"
-
-
-@dataclasses.dataclass(frozen=True)
-class TunnelPlan:
-    """The tunnel command for one host and the URL Colab needs (token shown only on request)."""
-
-    host: str
-    command: list[str]
-    local_port: int
-    remote_port: int
-    colab_url: str
-    token_file: str
-
-
-def tunnel_plan(
-    host: Any, local_port: int, iap: bool | None, show_token: bool, host_key_checking: bool = True
-) -> TunnelPlan:
-    """Plain ssh to the inventory address, or gcloud's IAP tunnel when asked (or no address is known).
-
-    Colab's http_over_ws path only works when the local and remote ports are equal, so the remote
-    port is the host's `jupyter_colab_port` and the local one must match it. Host keys are checked
-    (accept-new) unless `--no-host-key-checking` or the inventory (`ansible_host_key_checking`,
-    the sandbox's throwaway hosts) turns that off.
-    """
-    from forja.tunnel import ssh_command
-
-    remote_port = int(host.vars.get("jupyter_colab_port") or 8888)
-    if local_port != remote_port:
-        raise ConfigError(
-            "--local-port", f"{local_port} is not the Jupyter port {remote_port}; Colab needs them equal"
-        )
-    use_iap = iap if iap is not None else host.address == host.name
-    if use_iap:
-        zone = host.vars.get("zone") or host.vars.get("gcp_zone")
-        command = ["gcloud", "compute", "ssh", host.name, "--tunnel-through-iap"]
-        command += [f"--zone={zone}"] if zone else []
-        command += ["--", "-N", "-L", f"127.0.0.1:{local_port}:127.0.0.1:{remote_port}"]
-    else:
-        checking = host_key_checking and host.host_key_checking
-        command = ssh_command(host.address, host.user or "ansible", host.key_file, local_port, remote_port,
-                              port=host.port, strict_host_key_checking="accept-new" if checking else "no",
-                              known_hosts_file=None if checking else "/dev/null")
-    token_file = Path(TOKEN_FILE.format(host=host.name)).expanduser()
-    token = "<token>"
-    if show_token and token_file.is_file():
-        token = token_file.read_text().strip()
-    url = f"http://localhost:{local_port}/?token={token}"
-    return TunnelPlan(host.name, command, local_port, remote_port, url, str(token_file))
-
-
-@app.command()
+# -- Colab --------------------------------------------------------------------------------------
+@verb(Forja.tunnel, epilog="Without --print the tunnel stays open until Ctrl-C.")
 def tunnel(
     ctx: typer.Context,
     host: Annotated[str | None, typer.Option("--host", help="Inventory host (default: the first).")] = None,
-    local_port: Annotated[int, typer.Option("--local-port", help="Port on this machine.")] = 8888,
+    local_port: Annotated[
+        int | None, typer.Option("--local-port", help="Port on this machine (default: the Jupyter port).")
+    ] = None,
     iap: Annotated[
         bool | None,
         typer.Option("--iap/--no-iap", help="Use gcloud's IAP tunnel (default: host has no address)."),
@@ -611,58 +643,131 @@ def tunnel(
         bool, typer.Option("--start", help="Start the VM first if it is stopped (as `forja up` does).")
     ] = False,
 ) -> None:
-    """Open the SSH tunnel to the host's Jupyter and print the URL to paste into Colab.
-
-    A stopped VM is an error (exit 6) that says since when and why; `--start` starts it first.
-    """
-    import subprocess
-
-    from forja.inventory import stopped_error
-
     o = _opts(ctx)
-
-    def choose(hosts: list[Any]) -> Any:
-        chosen = [h for h in hosts if host in (None, h.name)]
-        if not chosen:
-            wanted = host or "forja_gpu"
-            raise ConfigError("--host", f"{wanted} is not in the inventory ({len(hosts)} GPU hosts)")
-        return chosen[0]
-
-    try:
-        chosen = choose(_forja(ctx).hosts())
-        if chosen.stopped and start:
-            console.print(f"{chosen.name} is {chosen.status}: starting it (playbooks/provision.yml)")
-            with _progress(not o.json) as on_event:
-                _forja(ctx, on_event).up()
-            chosen = choose(_forja(ctx).hosts())
-        if chosen.stopped:
-            raise stopped_error(chosen)
-        plan = tunnel_plan(chosen, local_port, iap, show_token, o.host_key_checking)
-    except ForjaError as exc:
-        raise _fail(exc, o.json) from exc
+    if start and not o.json:
+        target = _forja(ctx).gpu_host(host)
+        if target.stopped:
+            console.print(f"{target.name} is {target.status}: starting it (playbooks/provision.yml)")
+    with _progress(start and not o.json) as on_event:
+        plan = _forja(ctx, on_event).tunnel(host, local_port, iap=iap, show_token=show_token, start=start)
     if o.json:
         _emit_json(plan)
     else:
-        console.print(f"tunnel: [bold]{' '.join(plan.command)}[/]")
-        console.print(f"paste into Colab (Connect to a local runtime): [bold green]{plan.colab_url}[/]")
+        console.print(f"tunnel: [bold]{' '.join(plan.command)}[/]", soft_wrap=True)
+        console.print(f"paste into Colab (Connect to a local runtime): [bold green]{plan.colab_url}[/]",
+                      soft_wrap=True)
         if "<token>" in plan.colab_url:
-            console.print(f"the token is in {plan.token_file} (or run with --show-token)")
+            console.print(f"the token is in {plan.token_file} (or run with --show-token)", soft_wrap=True)
     if print_only:
         return
     try:
-        proc = subprocess.run(plan.command, check=False)
+        rc = plan.open()
     except KeyboardInterrupt:
         console.print("tunnel closed")
         return
-    raise typer.Exit(0 if proc.returncode == 0 else int(ExitCode.UNREACHABLE))
+    raise typer.Exit(0 if rc == 0 else int(ExitCode.UNREACHABLE))
+
+
+# -- money --------------------------------------------------------------------------------------
+def _cost_table(report: Any) -> Table:
+    table = Table(
+        title=f"forja cost (prices of {report.prices_date}; * = estimate)",
+        caption="spent: since the last start (or the last run when stopped); total: over the known history; "
+        "month: if left running 730 h, disk included; disk/mo: what it costs while stopped",
+    )
+    columns = ("instance", "zone", "type", "status", "rate", "up", "spent", "total", "month", "disk/mo",
+               "budget")
+    for column in columns:
+        table.add_column(column, justify="left" if column in columns[:4] else "right")
+    for line, chk in zip(report.lines, report.checks, strict=True):
+        star = "*" if "estimate" in line.basis else ""
+        table.add_row(
+            line.name,
+            line.zone,
+            line.machine_type + (" spot" if line.spot else ""),
+            line.status,
+            fmt.hourly(line.usd_per_hour) + star,
+            fmt.duration(line.uptime_s) if line.uptime_s else "-",
+            fmt.money(line.session_usd),
+            fmt.money(line.total_usd) or "-",
+            fmt.money(line.monthly_if_running_usd),
+            fmt.money(line.disk_usd_per_month) or "-",
+            "-" if chk is None else chk.level.value,
+        )
+    return table
+
+
+@verb(Forja.cost, register=cost_app.callback)
+def cost(
+    ctx: typer.Context,
+    instances: Annotated[
+        Path | None,
+        typer.Option("--instances", help="JSON/YAML list of instance dicts instead of the inventory."),
+    ] = None,
+    prices: Annotated[
+        Path | None,
+        typer.Option("--prices", help="YAML merged over the built-in price table (or $FORJA_PRICES)."),
+    ] = None,
+    cap: Annotated[float | None, typer.Option("--cap", help="Spend cap in USD to check against.")] = None,
+    warn: Annotated[float, typer.Option("--warn", help="Warn at this fraction of the cap.")] = 0.8,
+    scope: Annotated[
+        str, typer.Option("--scope", help="Apply the cap per 'instance' or to the 'project'.")
+    ] = "instance",
+    now: Annotated[
+        str | None, typer.Option("--now", help="Compute as of this RFC 3339 time (default: now).")
+    ] = None,
+) -> None:
+    if ctx.invoked_subcommand is not None:
+        return
+    from forja.cost.cli import instances_from_file
+
+    given = instances_from_file(instances) if instances is not None else None
+    report = _forja(ctx, needs_inventory=given is None).cost(
+        given, prices=prices, cap=cap, warn=warn, scope=scope, now=now
+    )
+    if _opts(ctx).json:
+        _emit_json(report.as_dict())
+        return
+    out.print(_cost_table(report))
+    from forja.cost.budget import Level
+
+    for chk, line in zip(report.checks, report.lines, strict=True):
+        if chk is not None and chk.level is not Level.OK:
+            out.print(f"[bold]{line.name}[/]: {chk.message}")
+    if report.project is not None:
+        out.print(f"project: {report.project.message}")
+    if report.skipped:
+        out.print(f"not priced (no machine_type/zone in hostvars): {', '.join(report.skipped)}")
+
+
+@verb(Forja.rate, "rate", register=cost_app.command)
+def rate(
+    ctx: typer.Context,
+    machine_type: Annotated[str, typer.Option("--machine-type", help="e.g. g2-standard-8")],
+    zone: Annotated[str, typer.Option("--zone", help="e.g. us-east1-d")],
+    spot: Annotated[bool, typer.Option("--spot", help="Spot price instead of on-demand.")] = False,
+    prices: Annotated[
+        Path | None,
+        typer.Option("--prices", help="YAML merged over the built-in price table (or $FORJA_PRICES)."),
+    ] = None,
+) -> None:
+    found = _forja(ctx, needs_inventory=False).rate(machine_type, zone, spot=spot, prices=prices)
+    if _opts(ctx).json:
+        _emit_json({"usd_per_hour": found.usd_per_hour, "basis": found.basis, "what": found.what})
+    else:
+        out.print(f"{fmt.hourly(found.usd_per_hour)} ({found.what}; {found.basis})")
+
+
+app.add_typer(cost_app, name="cost", help=_doc(Forja.cost))
 
 
 # --- Commands from other parts: register yours here, one line each ---------------------------
-# e.g.  app.add_typer(cost_cli.app, name="cost")   (forja/cost/cli.py)
-#       app.add_typer(sandbox_cli.app, name="sandbox")
-from forja.cost.cli import app as _cost_app  # noqa: E402
-
-app.add_typer(_cost_app, name="cost")
-from forja_sandbox.cli import app as _sandbox_app  # noqa: E402
-
-app.add_typer(_sandbox_app, name="sandbox")
+# e.g.  app.add_typer(sandbox_cli.app, name="sandbox")
+# Commands that installed packages add through the `forja.cli` entry points: `forja sandbox` comes
+# from the sandbox (pyproject.toml), which forja itself never imports. One that cannot be imported
+# (the sandbox without its `sandbox` extra) is left out: the product runs without it.
+for _entry in importlib.metadata.entry_points(group="forja.cli"):
+    try:
+        app.add_typer(_entry.load(), name=_entry.name)
+    except ImportError:
+        continue

@@ -100,7 +100,7 @@ def stopped_message(host: str, status: str, since: str | None, why: str | None) 
 
 
 class Cancelled(ForjaError):
-    """The caller cancelled the run (cancel callback, Ctrl-C, async task cancelled)."""
+    """The caller cancelled the run (its cancel token or stream, Ctrl-C)."""
 
     exit_code = ExitCode.CANCELLED
 

@@ -4,8 +4,9 @@ ansible-runner hands over "whatever Ansible emits" (runner issue #1243): nested 
 change between event kinds. Callers of the forja API get small frozen dataclasses instead, built
 in one place (`from_runner`), so a UI or a test matches on types, not on string keys.
 Training progress is an event too: while a play follows a run, every poll of its state carries
-a forja-train-state document (`forja.runstate`), which becomes a `TrainProgress`; documents are
-recognised by their schema key, not by the name of the task that printed them.
+a forja-train-state document (`forja.runstate`), which becomes a `TrainProgress`; a result that
+carries an announcement key (`forja.contract.ANNOUNCEMENT_KEYS`) becomes an `Announcement`. Both
+are recognised by what the result holds (forja/contract.py), never by the name of the task.
 """
 
 from __future__ import annotations
@@ -13,10 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from forja import runstate
-
-#: Debug tasks whose message people should see as it happens (what is sent, which PyTorch, the result).
-ANNOUNCE_TASKS = ("Show what will be sent", "Say which PyTorch the run uses", "Show the run's result")
+from forja import contract, runstate
 
 
 @dataclass(frozen=True)
@@ -100,12 +98,25 @@ class TrainProgress(Event):
 
 
 @dataclass(frozen=True)
+class Announcement(Event):
+    """A line a role wants people to see as it happens (what is sent, which PyTorch, the result)."""
+
+    host: str = ""
+    text: str = ""
+
+
+@dataclass(frozen=True)
 class PlaybookFinished(Event):
     """The recap; `artifact_data` is what the roles published with set_stats (the typed contract)."""
 
     playbook: str = ""
     stats: dict[str, dict[str, int]] = field(default_factory=dict)
     artifact_data: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def published(self) -> contract.Published:
+        """What the roles published, typed (raises `contract.ContractError` when it cannot be read)."""
+        return contract.read_stats(self.artifact_data)
 
 
 def failure_message(res: dict[str, Any]) -> str:
@@ -173,6 +184,9 @@ def from_runner(raw: dict[str, Any]) -> list[Event]:
         progress = _progress(counter, stdout, host, res)
         if progress:
             out.append(progress)
+        text = contract.announcement(res)
+        if text:
+            out.append(Announcement(counter, stdout, host=host, text=text))
         return out
     if kind == "runner_on_skipped":
         return [TaskSkipped(counter, stdout, host=host, task=task)]

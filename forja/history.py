@@ -29,6 +29,7 @@ from typing import Any
 from forja import runstate
 from forja.errors import ConfigError, RunNotFound
 from forja.runner import forja_home
+from trainer.summary import Summary
 
 #: Statuses a run can have. "running" until the play (or a later status/fetch) says otherwise.
 STATUSES = ("running", "completed", "preempted", "failed", "cancelled", "stopped", "unknown")
@@ -267,15 +268,14 @@ class History:
 
 
 def summary_fields(summary: Mapping[str, Any]) -> dict[str, Any]:
-    """History columns from a trainer summary (summary.json): steps, loss, cost, preemptions."""
-    fields: dict[str, Any] = {}
-    for key, col, kind in (("steps", "steps", int), ("final_loss", "last_loss", float),
-                           ("cost_usd", "cost_usd", float), ("lost_steps", "lost_steps", int),
-                           ("preemptions", "preemptions", int)):
-        value = summary.get(key)
-        if isinstance(value, int | float):
-            fields[col] = kind(value)
-    return fields
+    """History columns from a trainer summary (summary.json): steps, loss, cost, preemptions.
+
+    Read through the trainer's own field list (trainer.summary), so a renamed field fails here loudly."""
+    read = Summary.from_dict(summary)
+    columns = {"steps": (read.steps, int), "last_loss": (read.final_loss, float),
+               "cost_usd": (read.cost_usd, float), "lost_steps": (read.lost_steps, int),
+               "preemptions": (read.preemptions, int)}  # fmt: skip
+    return {col: kind(value) for col, (value, kind) in columns.items() if isinstance(value, int | float)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -15,7 +15,6 @@ points the fact cache into each run's artifacts). Every runner argument is decid
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -24,10 +23,10 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import ansible_runner
 
@@ -41,6 +40,9 @@ logging.getLogger("ansible-runner").addHandler(logging.NullHandler())
 REPO_ROOT = Path(os.environ.get("FORJA_ROOT") or Path(__file__).resolve().parents[1])
 #: Artifact folders kept per private data dir; older ones are deleted by ansible-runner.
 KEEP_ARTIFACTS = 20
+
+EventT = TypeVar("EventT")
+ResultT = TypeVar("ResultT")
 
 
 def forja_home() -> Path:
@@ -297,74 +299,67 @@ def run(
     return _result(request, runner, collector, started)
 
 
-def iter_events(
-    request: PlaybookRun, cancel: threading.Event | None = None
-) -> Iterator[ev.Event | RunResult]:
-    """Yield typed events while the playbook runs, then its RunResult last.
+class Stream(Generic[EventT, ResultT]):
+    """One call running in its own thread: iterate its events as they happen, then its result last.
 
-    The run happens in a thread; closing the iterator early (break) cancels it.
+    The one event primitive of forja: `iter_events` here (one playbook) and `Forja.iter_events`
+    (any API call) are both a Stream. `work(emit, cancelled)` runs in the thread; it hands each
+    event to `emit` and should stop soon after `cancelled` is set. Every Stream has its own cancel
+    token, so two calls never cancel each other: `cancel()` (from any thread) or leaving the loop
+    early (`break`, `close()`) stops this call only. An exception of the call is raised to the
+    loop that iterates it.
     """
-    q: queue.Queue[ev.Event | RunResult | BaseException] = queue.Queue()
-    stop = cancel or threading.Event()
 
-    def work() -> None:
+    def __init__(self, work: Callable[[Callable[[EventT], None], threading.Event], ResultT],
+                 name: str = "forja-call") -> None:
+        self.cancelled = threading.Event()
+        self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._thread = threading.Thread(target=self._work, args=(work,), name=name, daemon=True)
+        self._thread.start()
+
+    def _work(self, work: Callable[[Callable[[EventT], None], threading.Event], ResultT]) -> None:
         try:
-            q.put(run(request, on_event=q.put, cancel=stop))
+            self._queue.put(("done", work(self._emit, self.cancelled)))
         except BaseException as exc:  # handed to the consumer
-            q.put(exc)
+            self._queue.put(("error", exc))
 
-    thread = threading.Thread(target=work, name="forja-runner", daemon=True)
-    thread.start()
-    try:
-        while True:
-            item = q.get()
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-            if isinstance(item, RunResult):
-                return
-    finally:
-        if thread.is_alive():
-            stop.set()
-            thread.join()
+    def _emit(self, event: EventT) -> None:
+        self._queue.put(("event", event))
 
-
-async def run_async(
-    request: PlaybookRun, on_event: Callable[[ev.Event], None] | None = None
-) -> RunResult:
-    """asyncio variant: cancelling the awaiting task cancels the playbook run."""
-    stop = threading.Event()
-    try:
-        return await asyncio.to_thread(run, request, on_event, stop)
-    except asyncio.CancelledError:
-        stop.set()
-        raise
-
-
-async def aiter_events(request: PlaybookRun) -> AsyncIterator[ev.Event | RunResult]:
-    """Async iterator of typed events, then the RunResult; leaving the loop early cancels the run."""
-    loop = asyncio.get_running_loop()
-    q: asyncio.Queue[ev.Event | RunResult | BaseException] = asyncio.Queue()
-    stop = threading.Event()
-
-    def put(item: ev.Event | RunResult | BaseException) -> None:
-        loop.call_soon_threadsafe(q.put_nowait, item)
-
-    def work() -> None:
+    def __iter__(self) -> Iterator[EventT | ResultT]:
         try:
-            put(run(request, on_event=put, cancel=stop))
-        except BaseException as exc:
-            put(exc)
+            while True:
+                kind, item = self._queue.get()
+                if kind == "error":
+                    raise item
+                yield item
+                if kind == "done":
+                    return
+        finally:
+            self.close()
 
-    task = loop.run_in_executor(None, work)
-    try:
-        while True:
-            item = await q.get()
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-            if isinstance(item, RunResult):
-                return
-    finally:
-        stop.set()
-        await task
+    def result(self) -> ResultT:
+        """Wait for the call's end, dropping its events, and return what it returned."""
+        last: Any = None
+        for last in self:  # noqa: B007 - the result is the last item
+            pass
+        return last
+
+    def cancel(self) -> None:
+        """Ask this call to stop (it ends at its next look at the token: about a second for a playbook)."""
+        self.cancelled.set()
+
+    def close(self) -> None:
+        """Cancel the call if it is still running and wait for its thread to end."""
+        if self._thread.is_alive():
+            self.cancel()
+            self._thread.join()
+
+
+def iter_events(request: PlaybookRun) -> Stream[ev.Event, RunResult]:
+    """Yield typed events while the playbook runs, then its RunResult last (see `Stream`).
+
+    The run happens in a thread; closing the iterator early (break) or `cancel()` cancels it.
+    """
+    return Stream(lambda emit, cancelled: run(request, on_event=emit, cancel=cancelled),
+                  name=f"forja-{Path(request.playbook).stem}")

@@ -16,10 +16,12 @@ HOST_WHEELHOUSE = "/var/cache/forja-pip/wheelhouse"
 
 
 def wheelhouse_requirements() -> list[str]:
-    """What the trainer_run role installs, read from its defaults (one list, not a copy)."""
+    """What the trainer_run role installs, read from its defaults and the trainer's requirements.txt
+    (the lists the role reads, not copies)."""
     defaults = yaml.safe_load((REPO / "roles/trainer_run/defaults/main.yml").read_text())
+    pins = (REPO / "trainer/requirements.txt").read_text().splitlines()
     return [defaults["trainer_run_torch_package"], f"pip=={defaults['trainer_run_pip_version']}",
-            *defaults["trainer_run_pip_packages"]]
+            *(line.strip() for line in pins if line.strip() and not line.lstrip().startswith("#"))]
 
 
 def ensure_wheelhouse() -> Path:

@@ -66,7 +66,7 @@ def test_json_without_the_state_schema_key_is_not_progress() -> None:
 
 
 def test_the_recap_carries_what_the_roles_published_with_set_stats() -> None:
-    published = {"trainer_run_states": {"th6": [STATE]}}
+    published = {"forja": {"th6": {"contract_version": 1, "runs": [STATE]}}}
     (e,) = ev.from_runner(raw("playbook_on_stats", ok={"th6": 3}, artifact_data=published))
     assert isinstance(e, ev.PlaybookFinished) and e.artifact_data == published
 

@@ -133,9 +133,3 @@ def test_the_record_command_refuses_a_document_without_the_state_schema(tmp_path
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
     assert proc.returncode == 2 and "forja_train_state" in proc.stderr
 
-
-def test_states_are_read_from_what_the_role_published_per_host() -> None:
-    doc = host_state().model_dump(by_alias=True)
-    published = {"trainer_run_states": {"th7": [doc], "th6": [doc, {"not": "a state"}]}}
-    pairs = runstate.from_stats(published)
-    assert [(host, s.run) for host, s in pairs] == [("th6", "digits"), ("th7", "digits")]

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -116,21 +116,26 @@ def test_iter_events_yields_events_then_the_result(tmp_path: Path) -> None:
     assert any(isinstance(i, ev.TaskChanged) for i in items)
 
 
-def test_the_async_variant_runs_and_can_be_cancelled(tmp_path: Path) -> None:
-    async def main() -> tuple[runner.RunResult, bool]:
-        done = await runner.run_async(request(tmp_path))
-        task = asyncio.create_task(runner.run_async(request(tmp_path, forja_test_sleep=60)))
-        await asyncio.sleep(3)
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            return done, True
-        return done, False
+def test_a_stream_cancelled_stops_its_own_run_and_no_other(tmp_path: Path) -> None:
+    slow = runner.iter_events(request(tmp_path / "slow", forja_test_sleep=60))
+    quick = runner.iter_events(request(tmp_path / "quick"))
+    for item in slow:
+        if isinstance(item, ev.TaskStarted) and item.task == "Wait a while when told to":
+            slow.cancel()
+        last = item
+    assert isinstance(last, runner.RunResult) and last.status == "canceled"
+    assert last.duration_s < 50
+    assert quick.result().ok
 
-    done, cancelled = asyncio.run(main())
-    assert done.ok
-    assert cancelled
+
+def test_leaving_a_stream_early_cancels_its_run(tmp_path: Path) -> None:
+    stream = runner.iter_events(request(tmp_path, forja_test_sleep=60))
+    started = time.monotonic()
+    for item in stream:
+        if isinstance(item, ev.TaskStarted) and item.task == "Wait a while when told to":
+            break
+    assert stream.cancelled.is_set()
+    assert time.monotonic() - started < 50, "break waited for the run to be cancelled, not to end"
 
 
 def test_a_missing_playbook_is_a_config_error_naming_it(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """The sandbox from the command line, as the README shows it: `forja sandbox up`, then the usual
-commands (`forja up` creates the VM on the sandbox, a real local host), `forja sandbox status`
-names that host, and `forja sandbox down` leaves nothing behind. A private sandbox folder and port
-keep it apart from the machine's own sandbox (the one `make sandbox` uses)."""
+commands with the sandbox's inventory named (`forja up` creates the VM on the sandbox, a real local
+host), `forja sandbox status` names that host, and `forja sandbox down` leaves nothing behind. A
+private sandbox folder and port keep it apart from the machine's own sandbox (the one `make sandbox`
+uses), so the inventory is a copy of inventory/sandbox pointed at that port."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from forja_sandbox import testhosts
 
@@ -27,6 +29,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _private_inventory(folder: Path, endpoint: dict[str, str]) -> tuple[Path, list[str]]:
+    """inventory/sandbox with its fixed endpoint replaced by a private sandbox's: the gcp_gpu source
+    rewritten, the group variables shared (a link) and their endpoint overridden with -e."""
+    folder.mkdir()
+    source = yaml.safe_load((REPO / "inventory" / "sandbox" / "gcp_gpu.yml").read_text())
+    source.update(api_url=endpoint["api_url"], credentials_file=endpoint["credentials_file"])
+    (folder / "gcp_gpu.yml").write_text(yaml.safe_dump(source))
+    (folder / "group_vars").symlink_to(REPO / "inventory" / "sandbox" / "group_vars")
+    return folder, ["-e", f"gcp_instance_api_url={endpoint['api_url']}",
+                    "-e", f"gcp_instance_credentials_file={endpoint['credentials_file']}"]
+
+
 def test_sandbox_up_then_forja_up_then_sandbox_down(tmp_path: Path) -> None:
     env = dict(os.environ, FORJA_SANDBOX_DIR=str(tmp_path / "sandbox"), FORJA_SANDBOX_PORT=str(_free_port()),
                FORJA_HOME=str(tmp_path / "home"))
@@ -38,8 +52,11 @@ def test_sandbox_up_then_forja_up_then_sandbox_down(tmp_path: Path) -> None:
     try:
         up = forja("sandbox", "up", "--json")
         assert up.returncode == 0, up.stderr
-        assert json.loads(up.stdout)["api_url"] == f"http://127.0.0.1:{env['FORJA_SANDBOX_PORT']}/compute/v1/"
-        made = forja("--json", "up")
+        endpoint = json.loads(up.stdout)
+        assert endpoint["api_url"] == f"http://127.0.0.1:{env['FORJA_SANDBOX_PORT']}/compute/v1/"
+        inventory, overrides = _private_inventory(tmp_path / "inventory", endpoint)
+        env["FORJA_INVENTORY"] = str(inventory)
+        made = forja("--json", *overrides, "up")
         assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-3000:]
         assert json.loads(made.stdout)["status"] == "successful"
         status = json.loads(forja("sandbox", "status", "--json").stdout)

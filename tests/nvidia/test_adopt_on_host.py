@@ -68,7 +68,7 @@ def apply_role(host: testhosts.Host, tmp_path: Path) -> tuple[subprocess.Complet
   vars:
     nvidia_stack_allow_no_gpu: true
   roles:
-    - nvidia_stack
+    - forja.gpu.nvidia_stack
   post_tasks:
     - ansible.builtin.copy:
         content: "{{{{ nvidia_stack_facts | to_json }}}}"

@@ -10,8 +10,10 @@ spend cap stop it while a training unit checkpoints.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -20,12 +22,12 @@ from pathlib import Path
 
 import pytest
 import requests
+import yaml
 
-from forja_sandbox import colab
-from forja_sandbox import testhosts
+from forja_sandbox import colab, testhosts
 from forja_sandbox.compute_emulator import ComputeEmulator
 from forja_sandbox.compute_emulator.metadata_server import MetadataServer
-from forja.tunnel import ssh_tunnel
+from forja_sandbox.tunnel import ssh_tunnel
 
 INDEX = 5
 ADDRESS = testhosts.address(INDEX)
@@ -34,7 +36,8 @@ CONFIG = "/etc/forja/autostop.json"
 TEST_CONFIG = "/root/autostop-test.json"
 TEST_STATE = "/var/lib/forja/autostop-test"
 STATE_DIR = "/var/lib/forja/autostop"
-JUPYTER_PORT = 18805  # molecule.yml: jupyter_colab_port
+JUPYTER_PORT = 18805  # molecule.yml: host_contract_jupyter_port (the host contract)
+MOVED_PORT = 18815  # where test_the_agent_follows_the_host_contract_port moves Jupyter with -e
 METADATA_PORT = 18905  # molecule.yml: autostop_metadata_url
 PROJECT, ZONE = "forja-sandbox", "us-east1-d"
 SSH_OPTS = [
@@ -340,6 +343,63 @@ def test_a_kernel_running_a_long_cell_keeps_the_vm_and_an_idle_kernel_does_not()
         )
     logs = ssh("journalctl -u forja-autostop.service --no-pager -o cat; cat /etc/forja/autostop.json")
     assert token not in logs
+
+
+# --- One port for Jupyter and the agent ---------------------------------------------------------
+
+
+def converge_roles(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    """jupyter_colab then autostop on this host, with molecule.yml's variables and any `-e` given."""
+    scenario = Path(__file__).resolve().parents[1]
+    repo = scenario.parents[1]
+    group_vars = yaml.safe_load((scenario / "molecule.yml").read_text())["provisioner"]["inventory"]
+    variables = dict(group_vars["group_vars"]["all"], jupyter_colab_token_fetch_path=str(tmp_path / "token"))
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"vars": variables, "hosts": {"th5": {
+        "ansible_host": ADDRESS, "ansible_user": "ansible",
+        "ansible_ssh_private_key_file": str(testhosts.key_path()),
+        "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null"}}}}))
+    play = tmp_path / "play.yml"
+    roles = ["forja.gpu.jupyter_colab", "forja.gpu.autostop"]
+    play.write_text(yaml.safe_dump([{"name": "Converge jupyter_colab and autostop", "hosts": "all",
+                                     "become": True, "roles": roles}]))
+    run = subprocess.run(
+        [str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(inventory), str(play), *extra],
+        cwd=repo, env={**os.environ, "ANSIBLE_CONFIG": str(repo / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"},
+        capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    return run
+
+
+def decide_with_installed_config(port_config: str) -> dict:
+    """One dry-run decision with the installed config (its Jupyter URL) and a state of its own."""
+    ssh(f"cp {CONFIG} {port_config} && rm -rf {TEST_STATE}-port")
+    edit_config(port_config, state_dir=f"{TEST_STATE}-port")
+    out = ssh(f"python3 {AGENT} --config {port_config} --dry-run")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_the_agent_follows_the_host_contract_port_given_with_e(tmp_path: Path):
+    """`-e host_contract_jupyter_port=N` moves Jupyter and the agent's polling together (no role copies the port)."""
+    port_config = "/root/autostop-port.json"
+    try:
+        converge_roles(tmp_path, "-e", f"host_contract_jupyter_port={MOVED_PORT}")
+        listening = ssh("ss -Hltn")
+        assert f"127.0.0.1:{MOVED_PORT} " in listening and f"127.0.0.1:{JUPYTER_PORT} " not in listening
+        installed = json.loads(ssh(f"cat {CONFIG}"))
+        assert installed["jupyter_url"] == f"http://127.0.0.1:{MOVED_PORT}"
+        reasons = decide_with_installed_config(port_config)["reasons"]
+        assert not [r for r in reasons if "Jupyter not running" in r or "kernel state unknown" in r], reasons
+        # The control: an agent still on the old port finds nothing there, so the check above can fail.
+        edit_config(port_config, jupyter_url=f"http://127.0.0.1:{JUPYTER_PORT}")
+        out = ssh(f"python3 {AGENT} --config {port_config} --dry-run")
+        assert "Jupyter not running" in out.strip().splitlines()[-1]
+    finally:
+        converge_roles(tmp_path)
+        ssh(f"rm -rf {port_config} {TEST_STATE}-port")
+    assert json.loads(ssh(f"cat {CONFIG}"))["jupyter_url"] == f"http://127.0.0.1:{JUPYTER_PORT}"
+    assert f"127.0.0.1:{JUPYTER_PORT} " in ssh("ss -Hltn")
 
 
 # --- The real thing: stop, next start, spend cap ------------------------------------------------

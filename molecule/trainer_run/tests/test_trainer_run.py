@@ -134,14 +134,12 @@ def test_a_bad_requirements_file_stops_before_the_run_and_leaves_nothing(host, t
                  "trainer_run_trainer_src": str(eph / "trainer"), "trainer_run_project_dir": str(project),
                  "trainer_run_bundle_cache": str(eph / "bundles"), "trainer_run_wait": False,
                  "trainer_run_pip_extra_args": "--find-links /var/cache/forja-pip/wheelhouse"},
-        "roles": ["trainer_run"]}]))
+        "roles": ["forja.gpu.trainer_run"]}]))
     repo = Path(os.environ["MOLECULE_PROJECT_DIRECTORY"])
     run = subprocess.run(
         [str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(tmp_path / "inventory.yml"),
          str(tmp_path / "play.yml")], cwd=repo, capture_output=True, text=True, timeout=600, check=False,
-        env={**os.environ, "ANSIBLE_CONFIG": str(repo / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
-             "ANSIBLE_ROLES_PATH": str(repo / "roles"), "ANSIBLE_LIBRARY": str(repo / "plugins" / "modules"),
-             "ANSIBLE_FILTER_PLUGINS": str(repo / "plugins" / "filter")})
+        env={**os.environ, "ANSIBLE_CONFIG": str(repo / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"})
     assert run.returncode != 0
     assert f"{project}/requirements.txt does not install on th3" in run.stdout, run.stdout[-3000:]
     assert "no-such-package-forja-molecule" in run.stdout

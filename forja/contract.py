@@ -1,0 +1,167 @@
+"""What forja's roles publish for Python, read typed: the one data contract between them.
+
+Python never matches a task's display name: renaming a task for wording must not change what
+forja reads. Roles hand facts over in three documented ways, and this module is their one reader.
+
+**1. Published facts (`set_stats`), contract version 1.** ansible-runner 2.4 hands only the
+*aggregate* custom stats over (`stats.custom['_run']`, the `artifact_data` of the
+`playbook_on_stats` event; `per_host: true` stats never reach it), and aggregating adds numbers
+and lists across hosts. So every role publishes under one key, `forja`, one dict per host, which
+Ansible's aggregation merges recursively (`merge_hash`) without mixing hosts::
+
+    forja:                              # set_stats key (per_host: false, aggregate: true)
+      <inventory_hostname>:
+        contract_version: 1             # CONTRACT_VERSION; a newer major is refused, not guessed
+        runs:                           # trainer_run (entry points status, main/wait)
+          - {forja_train_state: 1, run: ..., status: ..., last: {...}, summary: {...}, ...}
+        jupyter:                        # jupyter_colab (entry points main, publish)
+          port: 8888                    # the port Jupyter serves on the host's loopback
+          tunnel_command: "ssh -N ..."  # shell-quoted; run on the computer with the browser
+          colab_url_template: "http://localhost:8888/?token=<token>"
+          token_file: /var/lib/forja/jupyter/token      # on the host
+          local_token_file: ~/.config/forja/tokens/h.jupyter-token   # copy on the controller, or ""
+
+    The token itself is never published (nor logged): only where it is.
+
+**2. A run's state while a play follows it.** Each poll of the wait task prints one
+forja-train-state document (`forja.runstate`, recognised by its schema key `forja_train_state`)
+in its stdout; `forja.events` turns it into a `TrainProgress`.
+
+**3. Announcements** people should see as they happen (what is sent, which PyTorch, the result):
+a task result that carries one of `ANNOUNCEMENT_KEYS` (the role prints it with
+`ansible.builtin.debug: var: trainer_run_announcement`); `forja.events` makes it an `Announcement`.
+
+The roles' side is `roles/trainer_run/tasks/publish.yml` and `roles/jupyter_colab/tasks/publish.yml`.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from forja import runstate
+from forja.errors import ConfigError, ForjaError
+from forja.tunnel import TunnelPlan
+
+#: The set_stats key every forja role publishes under ({host: HostFacts}).
+STATS_KEY = "forja"
+#: The contract version this reader understands; roles publish it with each host's facts.
+CONTRACT_VERSION = 1
+#: Task result keys whose value is a line for people, shown while the play runs.
+ANNOUNCEMENT_KEYS = ("trainer_run_announcement",)
+#: What the Colab URL template holds where the token goes.
+TOKEN_PLACEHOLDER = "<token>"
+
+
+class ContractError(ForjaError):
+    """The roles published something this forja cannot read (a newer contract, a malformed fact)."""
+
+    def __init__(self, host: str, detail: str) -> None:
+        super().__init__(f"{host}: the facts the roles published cannot be read: {detail}")
+        self.host = host
+
+
+class JupyterConnection(BaseModel):
+    """How to reach one host's Jupyter from Colab, as the jupyter_colab role rendered it."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    port: int = Field(ge=1, le=65535)
+    tunnel_command: str = Field(min_length=1)
+    colab_url_template: str
+    token_file: str
+    local_token_file: str = ""
+
+    @property
+    def argv(self) -> list[str]:
+        """The tunnel command as an argv (the role shell-quotes each word)."""
+        return shlex.split(self.tunnel_command)
+
+    @property
+    def local_token_path(self) -> Path | None:
+        return Path(self.local_token_file).expanduser() if self.local_token_file else None
+
+    def colab_url(self, show_token: bool = False) -> str:
+        """The URL to paste into Colab; the real token only when asked and copied to this machine."""
+        path = self.local_token_path
+        if show_token and path is not None and path.is_file():
+            return self.colab_url_template.replace(TOKEN_PLACEHOLDER, path.read_text().strip())
+        return self.colab_url_template
+
+    def plan(self, host: str, local_port: int | None = None, show_token: bool = False) -> TunnelPlan:
+        """The role's tunnel command and Colab URL as a `TunnelPlan`; Colab needs equal ports."""
+        if local_port is not None and local_port != self.port:
+            raise ConfigError(
+                "--local-port", f"{local_port} is not the Jupyter port {self.port}; Colab needs them equal"
+            )
+        token_file = str(self.local_token_path or f"{self.token_file} on {host}")
+        return TunnelPlan(host, self.argv, self.port, self.port, self.colab_url(show_token), token_file)
+
+
+class HostFacts(BaseModel):
+    """Everything one host published in one play (each part only when its role ran)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    contract_version: int
+    runs: list[runstate.RunState] = Field(default_factory=list)
+    jupyter: JupyterConnection | None = None
+
+    @field_validator("contract_version")
+    @classmethod
+    def _known_version(cls, value: int) -> int:
+        if value > CONTRACT_VERSION:
+            raise ValueError(f"version {value} is newer than this forja's {CONTRACT_VERSION}: upgrade forja")
+        return value
+
+    @field_validator("runs", mode="before")
+    @classmethod
+    def _state_documents(cls, value: Any) -> list[runstate.RunState]:
+        # forja-train-state's one reader; a poll of an unknown run publishes {} and is left out.
+        docs = value if isinstance(value, list) else [value]
+        return [s for s in (runstate.parse(d) for d in docs) if s is not None]
+
+
+class Published(BaseModel):
+    """The facts of one play, by host: what forja's status, follow, fetch, history and tunnel read."""
+
+    model_config = ConfigDict(frozen=True)
+
+    hosts: dict[str, HostFacts] = Field(default_factory=dict)
+
+    @property
+    def runs(self) -> list[tuple[str, runstate.RunState]]:
+        """(host, state) pairs, hosts in name order."""
+        return [(host, state) for host in sorted(self.hosts) for state in self.hosts[host].runs]
+
+    @property
+    def jupyter(self) -> dict[str, JupyterConnection]:
+        return {host: facts.jupyter for host, facts in sorted(self.hosts.items()) if facts.jupyter}
+
+
+def read_stats(artifact_data: Mapping[str, Any]) -> Published:
+    """The typed facts from a play's artifact data (`RunResult.artifact_data`); {} reads as nothing."""
+    per_host = artifact_data.get(STATS_KEY) or {}
+    if not isinstance(per_host, Mapping):
+        raise ContractError("all", f"'{STATS_KEY}' is {type(per_host).__name__}, not a mapping of hosts")
+    hosts: dict[str, HostFacts] = {}
+    for host, facts in per_host.items():
+        try:
+            hosts[str(host)] = HostFacts.model_validate(facts)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            raise ContractError(str(host), problems) from exc
+    return Published(hosts=hosts)
+
+
+def announcement(result: Mapping[str, Any]) -> str | None:
+    """The line for people a task result carries under one of `ANNOUNCEMENT_KEYS`, if any."""
+    for key in ANNOUNCEMENT_KEYS:
+        value = result.get(key)
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+    return None

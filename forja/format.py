@@ -75,13 +75,13 @@ def per_second(value: float | None, unit: str) -> str:
 
 
 def duration(seconds: float | None) -> str:
-    """Elapsed time: `0.4 s`, `42 s`, `3m 07s`, `2h 05m`, `3d 04h` (two units at most)."""
+    """Elapsed time: `0.4 s`, `3 s` (whole, as a --timeout is given), `42 s`, `3m 07s`, `2h 05m`, `3d 04h`."""
     number = _number(seconds)
     if number is None or number < 0:
         return MISSING
     if math.isinf(number):
         return "forever"
-    if number < 10:
+    if number < 10 and not number.is_integer():
         return f"{number:.1f} s"
     whole = round(number)
     if whole < 60:

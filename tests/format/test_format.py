@@ -86,6 +86,7 @@ def test_a_throughput_carries_its_unit(value: float | None, unit: str, shown: st
     ("seconds", "shown"),
     [
         (0.4321, "0.4 s"),
+        (3.0, "3 s"),  # a --timeout of 3 reads as the user wrote it
         (9.96, "10.0 s"),
         (42.4, "42 s"),
         (187.0, "3m 07s"),

@@ -9,14 +9,12 @@ roles that serve, watch or read them depend on that role; forja's Python reads t
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from localplay import run_local_play
 
 from forja import host_contract, runstate
 
@@ -146,32 +144,7 @@ def _ansible(tmp_path: Path, tasks: list[dict], result: str, *extra: str) -> obj
             ]
         )
     )
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "FORJA_"))},
-        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_LOCALHOST_WARNING": "false",
-    }
-    proc = subprocess.run(
-        [
-            str(Path(sys.executable).with_name("ansible-playbook")),
-            "-i",
-            "localhost,",
-            "-c",
-            "local",
-            "-e",
-            f"ansible_python_interpreter={sys.executable}",
-            str(play),
-            *extra,
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    run_local_play(play, *extra)
     return json.loads(out.read_text())
 
 

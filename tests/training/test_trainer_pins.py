@@ -4,13 +4,11 @@ that list on the host, and pyproject.toml's `trainer` extra is that list plus to
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import tomllib
 import yaml
+from localplay import run_local_play
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -60,31 +58,7 @@ def test_the_role_installs_the_requirements_file(tmp_path):
         }
     ]
     (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "FORJA_"))},
-        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_LOCALHOST_WARNING": "false",
-    }
-    proc = subprocess.run(
-        [
-            str(Path(sys.executable).with_name("ansible-playbook")),
-            "-i",
-            "localhost,",
-            "-c",
-            "local",
-            "-e",
-            f"ansible_python_interpreter={sys.executable}",
-            str(tmp_path / "play.yml"),
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    run_local_play(tmp_path / "play.yml")
     assert json.loads(out.read_text()) == _pins()
 
 

@@ -719,7 +719,7 @@ def cost(
 ) -> None:
     if ctx.invoked_subcommand is not None:
         return
-    from forja.cost.cli import instances_from_file
+    from forja.cost.instances import instances_from_file
 
     given = instances_from_file(instances) if instances is not None else None
     report = _forja(ctx, needs_inventory=given is None).cost(

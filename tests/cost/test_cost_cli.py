@@ -1,4 +1,5 @@
-"""`forja cost` as a user runs it: a file of instances, the real inventory, the rate lookup."""
+"""`forja cost` as a user runs it (`python -m forja.cost` is the same command): a file of instances,
+the real inventory, the rate lookup."""
 
 from __future__ import annotations
 
@@ -87,9 +88,13 @@ def test_bad_prices_file_is_a_usage_error_naming_the_entry(instances_file, tmp_p
     assert "machine_types.g2-standard-8.us-east1.spot" in proc.stderr
 
 
-def test_rate_prints_the_hourly_price_for_the_playbook():
-    proc = forja_cost("rate", "--machine-type", "g2-standard-8", "--zone", "us-east1-d", "--spot")
-    assert proc.returncode == 0 and float(proc.stdout) == 0.56
+def test_rate_prints_the_hourly_price_for_people_and_in_full_as_json():
+    query = ("rate", "--machine-type", "g2-standard-8", "--zone", "us-east1-d", "--spot")
+    proc = forja_cost(*query)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("$0.56/h (g2-standard-8 spot in us-east1"), proc.stdout
+    as_json = forja_cost("--json", *query)
+    assert json.loads(as_json.stdout)["usd_per_hour"] == 0.56
 
 
 def test_the_report_reads_the_ansible_inventory(tmp_path):

@@ -206,7 +206,8 @@ class Forja:
     Args:
         project_dir: the user's project folder: sent with the trainer by `train()` unless told
             otherwise, and home of fetched results (`<project_dir>/forja-runs/<run id>/<host>/`).
-        inventory: inventory path(s); None uses the repository's ansible.cfg (the sandbox).
+        inventory: inventory path(s), e.g. "inventory/sandbox" or "inventory/gcp_gpu.yml"; None leaves it
+            to ANSIBLE_INVENTORY, else ansible.cfg's default, which names the choices and stops.
         private_data_dir: ansible-runner's folder; None is <forja home>/runner.
         extravars: variables for every playbook (e.g. GCP settings).
         host_key_checking: verify SSH host keys. On by default; the sandbox and the tests turn it

@@ -381,7 +381,7 @@ def decide_with_installed_config(port_config: str) -> dict:
 
 
 def test_the_agent_follows_the_host_contract_port_given_with_e(tmp_path: Path):
-    """`-e host_contract_jupyter_port=N` moves Jupyter and the agent's polling together (no role copies the port)."""
+    """`-e host_contract_jupyter_port=N` moves Jupyter and the agent's polling together."""
     port_config = "/root/autostop-port.json"
     try:
         converge_roles(tmp_path, "-e", f"host_contract_jupyter_port={MOVED_PORT}")

@@ -170,21 +170,25 @@ def test_a_second_run_on_the_same_output_folder_is_refused(host) -> None:
 def test_a_completed_run_is_never_started_again(host) -> None:
     stamp = f"sudo stat -c %Y {OUT}/COMPLETED"
     before = host.check_output(stamp)
+    started = host.check_output("date '+%Y-%m-%d %H:%M:%S'")
     host.run(f"sudo systemctl start {UNIT}")
     assert host.service(UNIT).is_running is False
     assert host.check_output(stamp) == before
-    assert "already completed" in journal_once_it_says(host, "already completed")
+    said = f"forja: run {RUN} already completed"
+    assert said in journal_once_it_says(host, said, since=started)
 
 
-def journal_once_it_says(host, text: str, timeout_s: float = 15.0) -> str:
-    """The unit's journal, read again until it holds `text` or `timeout_s` passes.
+def journal_once_it_says(host, text: str, since: str, timeout_s: float = 30.0) -> str:
+    """The journal, read again until it holds `text` or `timeout_s` passes.
 
     journald reads a service's stdout asynchronously, so the line the ExecCondition printed can
-    land after systemd's own "Skipped due to 'exec-condition'".
+    land after systemd's own "Skipped due to 'exec-condition'"; and a process that exits at once
+    may have its line stored without the unit's name (journald could not look it up in time), so
+    the whole journal since `since` (taken before the start) is read, not `-u`.
     """
     deadline = time.monotonic() + timeout_s
     while True:
-        journal = host.check_output(f"sudo journalctl -u {UNIT} --no-pager -o cat")
+        journal = host.check_output(f"sudo journalctl --no-pager -o cat --since '{since}'")
         if text in journal or time.monotonic() > deadline:
             return journal
         time.sleep(0.5)

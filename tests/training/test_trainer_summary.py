@@ -14,12 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
+from test_runlib import short_run
 from trainer_helpers import tiny_digits
 
 from forja.cli import SUMMARY_SHOWN
 from forja.history import summary_fields
-from trainer import runlib
 from trainer.config import validate
 from trainer.report import render
 from trainer.summary import FIELDS, HEADLINE
@@ -79,18 +78,7 @@ def test_a_failed_run_writes_the_same_fields(tmp_path: Path) -> None:
 
 
 def test_a_users_own_loop_writes_the_same_fields(tmp_path: Path) -> None:
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with runlib.Run(total_steps=6, config={"lr": 0.1}, run_dir=tmp_path / "run", render_plots=False) as run:
-        for step in range(1, 7):
-            x = torch.randn(8, 4)
-            loss = (model(x).squeeze(-1) - x.sum(-1)).pow(2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            run.log(step, loss=loss.item(), lr=0.1, samples=8)
-        run.save({"model": model.state_dict()}, 6)
+    short_run(tmp_path / "run", 6, render_plots=False)
     summary = written(tmp_path / "run")
     assert list(summary) == sorted(FIELDS)
     assert (summary["status"], summary["steps"], summary["exit_code"]) == ("completed", 6, 0)

@@ -99,6 +99,12 @@ sha256:
   description: SHA-256 of the archive; its first 16 hex digits name the file.
   returned: always
   type: str
+sha1:
+  description:
+    - SHA-1 of the archive, as ansible's copy module and P(forja.gpu.host_state#module) compute it, so a role
+      can tell in one call whether the host already has this bundle.
+  returned: always
+  type: str
 files:
   description: Number of files packed (the manifest not counted).
   returned: always
@@ -293,7 +299,7 @@ def main() -> None:
         module.fail_json(msg="the bundle would lack what the run needs: " + "; ".join(problems))
     if module.params["verify_only"]:
         total = sum(os.path.getsize(path) for _, path, _ in files)
-        empty = {"path": "", "name": "", "sha256": ""}
+        empty = {"path": "", "name": "", "sha256": "", "sha1": ""}
         module.exit_json(
             changed=False, files=len(files), bytes=total, size_human=human(total), excluded=len(excluded),
             excluded_sample=excluded[:20], secrets_excluded=secrets, **empty,
@@ -305,10 +311,11 @@ def main() -> None:
     try:
         with os.fdopen(fd, "wb") as out:
             total = write_archive(files, out)
-        digest = hashlib.sha256()
+        digest, sha1 = hashlib.sha256(), hashlib.sha1()  # ansible's own file checksum
         with open(tmp, "rb") as fh:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 digest.update(chunk)
+                sha1.update(chunk)
         sha = digest.hexdigest()
         name = f"bundle-{sha[:16]}.tar.gz"
         path = os.path.join(dest, name)
@@ -324,6 +331,7 @@ def main() -> None:
         path=path,
         name=name,
         sha256=sha,
+        sha1=sha1.hexdigest(),
         files=len(files),
         bytes=total,
         size_human=human(total),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -171,7 +172,13 @@ def test_a_completed_run_is_never_started_again(host) -> None:
     stamp = f"sudo stat -c %Y {OUT}/COMPLETED"
     before = host.check_output(stamp)
     started = host.check_output("date '+%Y-%m-%d %H:%M:%S'")
-    host.run(f"sudo systemctl start {UNIT}")
+    # The converge's start and restarts count towards StartLimitBurst: clear the counter so this start
+    # reaches the ExecCondition instead of being refused as 'start-limit-hit' without a word.
+    host.run(f"sudo systemctl reset-failed {UNIT}")
+    start = host.run(f"sudo systemctl start {UNIT}")
+    result = host.check_output(f"systemctl show -p Result --value {UNIT}")
+    assert result == "exec-condition", f"{start.stdout}{start.stderr}" + host.run(
+        f"sudo systemctl status --no-pager {UNIT}").stdout
     assert host.service(UNIT).is_running is False
     assert host.check_output(stamp) == before
     said = f"forja: run {RUN} already completed"
@@ -204,3 +211,67 @@ def test_results_came_back_to_the_controller(host) -> None:
     assert len(lines) >= 3 and lines[-1]["step"] == summary["steps"]
     assert list((folder / "plots").glob("*.png"))
     assert not list(folder.rglob("*.pt"))
+
+
+# The role's write tasks: on a converged host a re-run skips every one of them (state.yml compared
+# the host in one call), and runs exactly those whose thing drifted.
+WRITE_TASKS = (
+    "Create the run user", "Create the folders, with their owners and modes", "Copy the bundle to the host",
+    "Unpack the bundle", "Install the launcher and the state reader", "Install the training unit template",
+    "Copy the run's config", "Write the run spec of the user's command", "Write the run's environment file",
+    "Give the run's processes their stop grace", "Enable the training unit so it resumes after a reboot",
+    "Start the training unit", "Fetch the results to the controller",
+)
+
+
+def converge_again() -> dict[str, str]:
+    """converge.yml once more on both hosts; returns each trainer_run task's output, by task name."""
+    repo = Path(os.environ["MOLECULE_PROJECT_DIRECTORY"])
+    eph = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"])
+    inventory = os.environ.get("MOLECULE_INVENTORY_FILE") or str(eph / "inventory" / "ansible_inventory.yml")
+    run = subprocess.run(
+        [str(Path(sys.executable).with_name("ansible-playbook")), "-i", inventory,
+         str(Path(os.environ["MOLECULE_SCENARIO_DIRECTORY"]) / "converge.yml")],
+        cwd=repo, capture_output=True, text=True, timeout=900, check=False,
+        env={**os.environ, "ANSIBLE_CONFIG": str(repo / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+             "ANSIBLE_FORCE_COLOR": "0"})  # molecule forces colour for its own runs
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    out = re.sub(r"\x1b\[[0-9;]*m", "", run.stdout)
+    blocks = re.split(r"^TASK \[forja\.gpu\.trainer_run : (.+?)\] \**$", out, flags=re.M)
+    assert len(blocks) > 20, out[-4000:]
+    return {blocks[i]: blocks[i + 1] for i in range(1, len(blocks) - 1, 2)}
+
+
+def test_drift_is_repaired_by_the_task_that_owns_it_and_a_clean_rerun_writes_nothing(host) -> None:
+    """Issue 13: a deleted file, a loosened folder mode, a disabled unit and a lost local result are
+    each found (one host_state call) and repaired by their own task; the completed run stays done;
+    then a re-run of the converged hosts skips every write task."""
+    if name(host) != "th3":
+        return
+    stamp = host.check_output(f"sudo stat -c %Y {OUT}/COMPLETED")
+    env_before = read(host, f"/etc/forja/train/{RUN}.env")
+    host.run_expect([0], " && ".join([
+        f"sudo rm /etc/forja/train/{RUN}.env /usr/local/lib/forja/forja-train-state",
+        "sudo rm /etc/systemd/system/forja-train@.service",
+        "sudo chmod 0755 /etc/forja/train",
+        f"sudo systemctl disable {UNIT}"]))
+    (RESULTS / "th3" / "summary.json").unlink()
+
+    tasks = converge_again()
+    changed = {task for task, text in tasks.items() if re.search(r"^changed: \[th3", text, re.M)}
+    assert {"Create the folders, with their owners and modes", "Install the launcher and the state reader",
+            "Install the training unit template", "Write the run's environment file",
+            "Enable the training unit so it resumes after a reboot",
+            "Fetch the results to the controller"} <= changed, changed
+    assert "Start the training unit" not in changed and "Copy the bundle to the host" not in changed
+    assert read(host, f"/etc/forja/train/{RUN}.env") == env_before
+    assert host.file("/etc/forja/train").mode == 0o750
+    assert host.file("/usr/local/lib/forja/forja-train-state").mode == 0o755
+    assert host.service(UNIT).is_enabled
+    assert host.check_output(f"sudo stat -c %Y {OUT}/COMPLETED") == stamp, "a completed run never restarts"
+    assert json.loads((RESULTS / "th3" / "summary.json").read_text())["status"] == "completed"
+
+    clean = converge_again()
+    wrote = {task: text for task, text in clean.items()
+             if task in WRITE_TASKS and re.search(r"^(ok|changed): ", text, re.M)}
+    assert wrote == {}, f"a re-run of converged hosts ran write tasks: {list(wrote)}"

@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 
 from .emulator import DEFAULT_PROJECT, ComputeEmulator
+from .server import LISTEN_BACKLOG
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,6 +26,12 @@ def main(argv: list[str] | None = None) -> int:
         "--project", action="append", help=f"project to serve (repeatable; default {DEFAULT_PROJECT})"
     )
     parser.add_argument("--operation-delay", type=float, default=0.0, help="seconds per operation step")
+    parser.add_argument(
+        "--listen-backlog",
+        type=int,
+        default=LISTEN_BACKLOG,
+        help=f"connections queued before accept (default {LISTEN_BACKLOG}; Python's own is 5)",
+    )
     args = parser.parse_args(argv)
 
     emulator = ComputeEmulator(
@@ -33,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         projects=tuple(args.project or (DEFAULT_PROJECT,)),
         state_file=args.state,
         operation_delay_s=args.operation_delay,
+        listen_backlog=args.listen_backlog,
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -100,7 +100,12 @@ class ComputeApi(InstanceMethods, ResourceMethods, GuestAttributeMethods):
         result = self._handlers[call.method.id](call)
         if request_id and isinstance(result, dict) and result.get("kind") == "compute#operation":
             with self.store.lock:
-                self.store.request_ids[(call.project, request_id)] = self._op_key(result)
+                key = self._op_key(result)
+                self.store.request_ids[(call.project, request_id)] = key
+                # GCE echoes the caller's requestId on the operation.
+                result["clientOperationId"] = request_id
+                if key in self.store.operations:
+                    self.store.operations[key]["clientOperationId"] = request_id
         return result
 
     def _check_scope(self, call: Call) -> None:

@@ -5,6 +5,11 @@ to the key file's `token_uri`. The emulator generates real RSA keys, keeps only 
 halves, verifies each assertion's signature with google-auth's own verifier, and hands out
 opaque access tokens that the Compute endpoints then require, so a client that skips auth or
 signs with the wrong key fails here as it would against Google.
+
+Google's client libraries skip that exchange by default: they send a *self-signed JWT* as the
+bearer token (AIP-4111), with either `aud` = the service (`https://compute.googleapis.com/`) or
+a `scope` claim. The API checks it against the key's public certificate, so the emulator does
+the same (signature, `iss` = `sub` = the key's client_email, audience or scope, lifetime).
 """
 
 from __future__ import annotations
@@ -26,6 +31,12 @@ GOOGLE_TOKEN_URI = "https://oauth2.googleapis.com/token"
 TOKEN_LIFETIME_S = 3600
 MAX_ASSERTION_LIFETIME_S = 3600
 CLOCK_SKEW_S = 300
+# Self-signed JWTs (AIP-4111): the audience Google's clients put in them is the service's own
+# name, whatever endpoint they were pointed at; the emulator also accepts its own origin. A JWT
+# with a `scope` claim instead may call the methods whose discovery `scopes` include one of them.
+COMPUTE_AUDIENCE = "https://compute.googleapis.com/"
+INSUFFICIENT_SCOPES = "Request had insufficient authentication scopes."
+_VERIFIED_CACHE_MAX = 4096
 
 
 class TokenError(Exception):
@@ -41,6 +52,15 @@ class TokenError(Exception):
         return {"error": self.error, "error_description": self.description}
 
 
+class BearerRefused(Exception):
+    """A bearer token the API does not accept: 401 (not valid) or 403 (valid, too few scopes)."""
+
+    def __init__(self, why: str, status: int = 401) -> None:
+        super().__init__(why)
+        self.why = why
+        self.status = status
+
+
 class KeyRing:
     """Registered service-account public keys and the access tokens issued for them."""
 
@@ -48,6 +68,9 @@ class KeyRing:
         self._lock = threading.Lock()
         self.keys: dict[str, dict[str, str]] = {}  # private_key_id -> {client_email, public_pem}
         self.tokens: dict[str, dict[str, Any]] = {}  # token -> {client_email, expires}
+        # Self-signed JWTs already verified: token -> (client_email, exp, scopes). A client reuses
+        # one JWT for up to an hour, so each is checked (RSA) once, its expiry on every call.
+        self._verified: dict[str, tuple[str, float, frozenset[str]]] = {}
 
     # -- keys ----------------------------------------------------------------------------------
     def new_key(self, token_uri: str, project: str, client_email: str | None = None) -> dict[str, str]:
@@ -134,7 +157,7 @@ class KeyRing:
         return {"access_token": token, "expires_in": lifetime_s - 1, "token_type": "Bearer"}
 
     def principal(self, authorization: str | None) -> str | None:
-        """The client_email behind a valid `Bearer` header, or None."""
+        """The client_email behind a valid access token in a `Bearer` header, or None."""
         if not authorization or not authorization.startswith("Bearer "):
             return None
         with self._lock:
@@ -142,6 +165,72 @@ class KeyRing:
         if entry is None or entry["expires"] < time.time():
             return None
         return str(entry["client_email"])
+
+    def authenticate(
+        self, authorization: str, audiences: tuple[str, ...], method_scopes: frozenset[str]
+    ) -> str:
+        """The client_email behind a `Bearer` access token or self-signed JWT; else BearerRefused.
+
+        `audiences`: the `aud` values a self-signed JWT may carry; `method_scopes`: the scopes
+        that allow the method called (its discovery `scopes`), checked against a JWT's `scope`.
+        """
+        email = self.principal(authorization)
+        if email is not None:
+            return email
+        token = authorization[len("Bearer ") :].strip() if authorization.startswith("Bearer ") else ""
+        if token.count(".") != 2:
+            raise BearerRefused("not an access token the emulator issued, nor a JWT")
+        with self._lock:
+            cached = self._verified.get(token)
+        if cached is None:
+            cached = self._verify_self_signed(token, audiences)
+            with self._lock:
+                if len(self._verified) >= _VERIFIED_CACHE_MAX:
+                    self._verified.clear()
+                self._verified[token] = cached
+        email, expires, scopes = cached
+        if expires + CLOCK_SKEW_S < time.time():
+            raise BearerRefused("the JWT has expired")
+        if scopes and not scopes & method_scopes:
+            raise BearerRefused(INSUFFICIENT_SCOPES, 403)
+        return email
+
+    def _verify_self_signed(
+        self, token: str, audiences: tuple[str, ...]
+    ) -> tuple[str, float, frozenset[str]]:
+        """Check a self-signed JWT as Google does; (client_email, exp, its `scope` claim's scopes)."""
+        from google.auth import jwt
+
+        try:
+            header = jwt.decode_header(token)
+            unverified = jwt.decode(token, verify=False)
+        except Exception:
+            raise BearerRefused("the bearer token is not a well-formed JWT") from None
+        if header.get("alg") != "RS256":
+            raise BearerRefused(f"JWT algorithm {header.get('alg')!r} is not RS256")
+        with self._lock:
+            key = self.keys.get(str(header.get("kid", "")))
+            if key is None and not header.get("kid"):
+                key = next(
+                    (k for k in self.keys.values() if k["client_email"] == unverified.get("iss")), None
+                )
+        if key is None:
+            raise BearerRefused("the JWT's key id is not a key of any known service account")
+        try:
+            claims = jwt.decode(token, certs=key["public_pem"], clock_skew_in_seconds=CLOCK_SKEW_S)
+        except Exception as exc:
+            raise BearerRefused(f"the JWT was refused: {exc}") from None
+        email = key["client_email"]
+        if claims.get("iss") != email or claims.get("sub") != email:
+            raise BearerRefused("the JWT's iss and sub must both be the key's client_email")
+        if int(claims["exp"]) - int(claims["iat"]) > MAX_ASSERTION_LIFETIME_S:
+            raise BearerRefused("the JWT lives longer than 1 hour")
+        scopes = frozenset(str(claims.get("scope", "")).split())
+        if "aud" in claims and claims["aud"] not in audiences:
+            raise BearerRefused(f"the JWT's audience {claims['aud']!r} is not {COMPUTE_AUDIENCE!r}")
+        if "aud" not in claims and not scopes:
+            raise BearerRefused("the JWT has neither an audience nor a scope")
+        return email, float(claims["exp"]), scopes
 
     # -- persistence ---------------------------------------------------------------------------
     def dump(self) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from .api import ComputeApi, InstanceBackend
 from .auth import write_private_file
 from .faults import Faults
 from .instances import build_instance, now
-from .server import EmulatorHTTPServer, RequestLog
+from .server import LISTEN_BACKLOG, EmulatorHTTPServer, RequestLog
 from .state import InstanceRecord, Store
 
 DEFAULT_PROJECT = "forja-sandbox"
@@ -40,10 +40,11 @@ class ComputeEmulator:
         projects: tuple[str, ...] | list[str] = (DEFAULT_PROJECT,),
         state_file: str | Path | None = None,
         wait_timeout_s: float = 120.0,
+        listen_backlog: int = LISTEN_BACKLOG,
     ) -> None:
         self.faults = Faults()
         self.log = RequestLog()
-        self._server = EmulatorHTTPServer((host, port), self)
+        self._server = EmulatorHTTPServer((host, port), self, listen_backlog)
         self._thread: threading.Thread | None = None
         bound_host, bound_port = self._server.server_address[:2]
         self.host = str(bound_host)

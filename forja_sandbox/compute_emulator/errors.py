@@ -56,8 +56,13 @@ class ApiError(Exception):
         domain: str = "global",
         status: str | None = None,
         headers: dict[str, str] | None = None,
+        item_message: str | None = None,
+        location: str | None = None,
     ) -> None:
         self.code = code
+        # Auth errors: Google's `errors[]` item has its own short message and names the header.
+        self.item_message = item_message
+        self.location = location
         self.message = message or DEFAULT_MESSAGES.get(code, STATUS_NAMES.get(code, "error"))
         self.reason = reason or DEFAULT_REASONS.get(code, "error")
         self.domain = domain
@@ -66,13 +71,15 @@ class ApiError(Exception):
         super().__init__(f"{code} {self.reason}: {self.message}")
 
     def body(self) -> dict[str, Any]:
+        item: dict[str, Any] = {
+            "message": self.item_message or self.message,
+            "domain": self.domain,
+            "reason": self.reason,
+        }
+        if self.location:
+            item.update(location=self.location, locationType="header")
         return {
-            "error": {
-                "code": self.code,
-                "message": self.message,
-                "errors": [{"message": self.message, "domain": self.domain, "reason": self.reason}],
-                "status": self.status,
-            }
+            "error": {"code": self.code, "message": self.message, "errors": [item], "status": self.status}
         }
 
 

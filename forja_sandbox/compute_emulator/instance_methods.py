@@ -153,7 +153,7 @@ class InstanceMethods(ApiBase):
             self._set_status(record, "STAGING")
             if error is not None:
                 self.store.remove_instance(record)
-                raise self._fail_from_fault(error, call.zone)
+                raise self._fail_from_fault(error, call)
             address = None
             if self.backend is not None:
                 try:
@@ -188,7 +188,7 @@ class InstanceMethods(ApiBase):
                     "RESOURCE_NOT_FOUND", f"The resource '{record.data['selfLink']}' was not found", 404
                 )
             if error is not None:
-                raise self._fail_from_fault(error, call.zone)
+                raise self._fail_from_fault(error, call)
             self._set_status(record, "STOPPING")
             if self.backend is not None:
                 self.backend.delete(self._snapshot(record))
@@ -213,7 +213,7 @@ class InstanceMethods(ApiBase):
             self._set_status(record, "STAGING")
             if error is not None:
                 self._set_status(record, "TERMINATED")
-                raise self._fail_from_fault(error, call.zone)
+                raise self._fail_from_fault(error, call)
             address = None
             if self.backend is not None:
                 try:
@@ -239,7 +239,7 @@ class InstanceMethods(ApiBase):
             if record.data["status"] in ("TERMINATED", "STOPPED"):
                 return
             if error is not None:
-                raise self._fail_from_fault(error, call.zone)
+                raise self._fail_from_fault(error, call)
             self._set_status(record, "STOPPING")
             if self.backend is not None:
                 try:

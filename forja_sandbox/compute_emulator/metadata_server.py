@@ -19,10 +19,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from .guest_attributes import GuestAttributeError, GuestAttributeMethods
+from .server import LISTEN_BACKLOG
 
 PREFIX = "/computeMetadata/v1/instance/guest-attributes/"
 #: GCE caps a guest attribute's value; 1 KiB is a safe lower bound for what forja writes.
 MAX_VALUE_BYTES = 1024
+
+
+class _MetadataHTTPServer(ThreadingHTTPServer):
+    """Every VM's autostop polls here: the same deep accept queue as the API (not Python's 5)."""
+
+    daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG
 
 
 class MetadataServer:
@@ -30,8 +38,7 @@ class MetadataServer:
 
     def __init__(self, api: GuestAttributeMethods, host: str = "127.0.0.1", port: int = 0) -> None:
         self.api = api
-        self._server = ThreadingHTTPServer((host, port), _Handler)
-        self._server.daemon_threads = True
+        self._server = _MetadataHTTPServer((host, port), _Handler)
         self._server.metadata_api = api  # type: ignore[attr-defined]
         self.host, self.port = str(self._server.server_address[0]), int(self._server.server_address[1])
         self._thread: threading.Thread | None = None

@@ -195,9 +195,11 @@ class ApiBase:
             self.store.mark_dirty()
             self.store.changed.notify_all()
 
-    def _fail_from_fault(self, fault: Fault, zone: str) -> OperationFailed:
+    def _fail_from_fault(self, fault: Fault, call: Call) -> OperationFailed:
+        """The operation error an `error=` fault stands for, naming the caller's project and zone."""
+        zone = call.params.get("zone", "global")
         status, error = fault.operation_error(
-            f"projects/{fault.project or '-'}/zones/{zone}", catalog.ZONES.get(zone, zone)
+            f"projects/{call.project}/zones/{zone}", catalog.ZONES.get(zone, zone)
         )
         first = error["errors"][0]  # type: ignore[index]
         return OperationFailed(first["code"], first["message"], status)
@@ -208,7 +210,7 @@ class ApiBase:
         def work() -> None:
             self._sleep()
             if error is not None:
-                raise self._fail_from_fault(error, call.params.get("zone", "global"))
+                raise self._fail_from_fault(error, call)
 
         return work
 

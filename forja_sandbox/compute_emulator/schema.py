@@ -49,6 +49,8 @@ class Method:
     flat_path: str
     parameters: dict[str, dict[str, Any]]
     request_schema: str | None
+    # The OAuth scopes that allow this method (reads also allow `compute.readonly`).
+    scopes: frozenset[str] = frozenset()
 
     @property
     def short_id(self) -> str:
@@ -69,6 +71,7 @@ def methods() -> dict[str, Method]:
                     flat_path=method.get("flatPath", method["path"]),
                     parameters=method.get("parameters", {}),
                     request_schema=(method.get("request") or {}).get("$ref"),
+                    scopes=frozenset(method.get("scopes", ())),
                 )
             walk(resource.get("resources", {}))
 

@@ -20,7 +20,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from . import schema
 from .api import Call
-from .auth import TokenError
+from .auth import COMPUTE_AUDIENCE, BearerRefused, TokenError
 from .errors import ApiError
 from .fields import parse_fields, project
 
@@ -29,6 +29,11 @@ if TYPE_CHECKING:
 
 API_PREFIX = "/compute/v1/"
 TOKEN_PATH = "/token"
+_REALM = "https://accounts.google.com/"
+_CREDENTIAL_HINT = (
+    "Expected OAuth 2 access token, login cookie or other valid authentication credential. "
+    "See https://developers.google.com/identity/sign-in/web/devconsole-project."
+)
 
 
 class Router:
@@ -66,13 +71,24 @@ def router() -> Router:
     return Router()
 
 
+# The listen backlog: connections the kernel queues before the accept loop takes them. Python's
+# default (5) made clients that open a connection per call (google.cloud's gcp_compute does) wait
+# for a SYN retry (1 s, then 3 s) as soon as 8 came at once; bench/emulator_bench.py measures it.
+LISTEN_BACKLOG = 1024
+
+
 class EmulatorHTTPServer(ThreadingHTTPServer):
+    """One thread per connection (HTTP/1.1 keep-alive), a deep accept queue, no DNS on bind."""
+
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], emulator: ComputeEmulator) -> None:
+    def __init__(
+        self, address: tuple[str, int], emulator: ComputeEmulator, listen_backlog: int = LISTEN_BACKLOG
+    ) -> None:
         self.emulator = emulator
         self.router = router()
+        self.request_queue_size = listen_backlog  # read by server_activate() inside __init__
         super().__init__(address, _Handler)
 
     def server_bind(self) -> None:
@@ -112,6 +128,9 @@ class RequestLog:
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "forja-compute-emulator/1"
+    # Headers and body go out in two writes; with Nagle on, the body waited for the client's
+    # delayed ACK, so every call on a keep-alive connection took 40+ ms (bench/emulator_bench.py).
+    disable_nagle_algorithm = True
     server: EmulatorHTTPServer
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -189,15 +208,7 @@ class _Handler(BaseHTTPRequestHandler):
                 404, f"The requested URL {API_PREFIX}{path} was not found on this server.", "notFound"
             )
         method, params = routed
-        principal = emulator.store.keyring.principal(self.headers.get("Authorization"))
-        if principal is None:
-            raise ApiError(
-                401,
-                "Request is missing required authentication credential. Expected OAuth 2 access token, "
-                "login cookie or other valid authentication credential.",
-                "required" if not self.headers.get("Authorization") else "authError",
-                headers={"WWW-Authenticate": 'Bearer realm="https://accounts.google.com/"'},
-            )
+        principal = self._authenticate(method)
         if not emulator.api.implements(method.id):
             raise ApiError(501, f"The emulator does not implement {method.id}.", "notImplemented")
         parsed_query = schema.parse_query(method, query)
@@ -210,6 +221,43 @@ class _Handler(BaseHTTPRequestHandler):
         if selection is not None:
             result = project(json.loads(result) if isinstance(result, bytes) else result, selection)
         return 200, result
+
+    def _authenticate(self, method: schema.Method) -> str:
+        """The caller's service account, from an issued access token or a self-signed JWT."""
+        emulator = self.server.emulator
+        authorization = self.headers.get("Authorization")
+        if not authorization:
+            raise ApiError(
+                401,
+                "Request is missing required authentication credential. " + _CREDENTIAL_HINT,
+                "required",
+                item_message="Login Required.",
+                location="Authorization",
+                headers={"WWW-Authenticate": f'Bearer realm="{_REALM}"'},
+            )
+        audiences = (COMPUTE_AUDIENCE, COMPUTE_AUDIENCE.rstrip("/"), emulator.url + "/", emulator.url)
+        try:
+            return emulator.store.keyring.authenticate(authorization, audiences, method.scopes)
+        except BearerRefused as refused:
+            if refused.status == 403:
+                raise ApiError(
+                    403, refused.why, "insufficientPermissions", status="PERMISSION_DENIED",
+                    headers={"WWW-Authenticate": f'Bearer realm="{_REALM}", error="insufficient_scope"'},
+                ) from None  # fmt: skip
+            # Google's body says no more than this; the emulator's reason rides in the header.
+            reason = " ".join(refused.why.replace('"', "'").split())  # one line, no quotes
+            raise ApiError(
+                401,
+                "Request had invalid authentication credentials. " + _CREDENTIAL_HINT,
+                "authError",
+                item_message="Invalid Credentials",
+                location="Authorization",
+                headers={
+                    "WWW-Authenticate": (
+                        f'Bearer realm="{_REALM}", error="invalid_token", error_description="{reason}"'
+                    )
+                },
+            ) from None
 
     def _send(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
         data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()

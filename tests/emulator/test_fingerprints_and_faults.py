@@ -8,7 +8,7 @@ import time
 
 import pytest
 import requests
-from emulator_helpers import ZONE, Client, l4_body, small_body
+from emulator_helpers import PROJECT, ZONE, Client, l4_body, small_body
 
 from forja_sandbox.compute_emulator import ComputeEmulator
 
@@ -113,7 +113,9 @@ def test_a_stock_out_ends_the_insert_operation_done_with_an_error_and_no_instanc
     done = client.wait(op)
     assert done["status"] == "DONE"
     assert done["error"]["errors"][0]["code"] == "ZONE_RESOURCE_POOL_EXHAUSTED"
-    assert "does not have enough resources" in done["error"]["errors"][0]["message"]
+    assert done["error"]["errors"][0]["message"].startswith(
+        f"The zone 'projects/{PROJECT}/zones/{ZONE}' does not have enough resources"
+    )
     assert done["httpErrorStatusCode"] == 503
     assert client.get(f"zones/{ZONE}/instances/l4-vm-1").status_code == 404
     client.insert(l4_body())  # the fault fired once; the retry succeeds

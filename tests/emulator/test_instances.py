@@ -155,6 +155,8 @@ def test_the_same_request_id_returns_the_same_operation(client: Client) -> None:
     first = client.ok(client.post(f"zones/{ZONE}/instances", small_body("once"), requestId="4b1c6c7e-1"))
     second = client.ok(client.post(f"zones/{ZONE}/instances", small_body("once"), requestId="4b1c6c7e-1"))
     assert first["name"] == second["name"]
+    assert first["clientOperationId"] == second["clientOperationId"] == "4b1c6c7e-1"
+    assert client.wait(first)["clientOperationId"] == "4b1c6c7e-1"
 
 
 def test_unknown_project_zone_and_instance_are_googles_404s(emu: ComputeEmulator, client: Client) -> None:

@@ -24,7 +24,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
 import random
+import re
+import stat
 import time
 import uuid
 from collections.abc import Iterator
@@ -188,6 +191,14 @@ def api_error_message(status: int, body: Any, method: str, url: str) -> tuple[st
         409: "a resource with this name already exists",
         412: "the resource changed underneath us (stale fingerprint); re-run",
     }.get(status, "retry later")
+    missing_project = re.match(r"The resource 'projects/([^/']+)' was not found", detail)
+    if status == 404 and missing_project:  # Google's answer to any call under a wrong project
+        hint = (
+            f"project '{missing_project.group(1)}' does not exist, or the credentials cannot see it; "
+            f"check project (or {ENV_PROJECT}) against 'gcloud projects list'"
+        )
+    if reason in ("accessNotConfigured", "SERVICE_DISABLED"):
+        hint = "enable the Compute Engine API ('gcloud services enable compute.googleapis.com')"
     path = url.split("?", 1)[0]
     return (
         reason,
@@ -245,10 +256,12 @@ class GcpClient:
                     info, scopes=list(cfg.scopes)
                 )
             except (ValueError, KeyError) as exc:
+                source = "credentials_json" if cfg.credentials_json else "credentials_file"
                 raise GcpAuthError(
-                    f"credentials_file: the service-account key for '{info.get('client_email')}' "
-                    f"cannot be used ({type(exc).__name__}: {exc}); download a new JSON key"
-                ) from exc
+                    f"{source}: the private_key of the service-account key for "
+                    f"'{info.get('client_email')}' cannot be loaded ({type(exc).__name__}: "
+                    f"{_first_line(exc)}); download a new JSON key"
+                ) from None
             self._credentials = creds
             return
         if kind == "machineaccount":
@@ -260,10 +273,11 @@ class GcpClient:
             creds, _project = google.auth.default(scopes=list(cfg.scopes))
         except google.auth.exceptions.DefaultCredentialsError as exc:
             raise GcpAuthError(
-                "credentials: none found. Set credentials_file (or FORJA_GCP_CREDENTIALS_FILE) to a "
-                "service-account "
-                "JSON key, set access_token, or run 'gcloud auth application-default login'"
-            ) from exc
+                "credentials: none found: no credentials_file, no access_token, and no application "
+                f"default credentials ({_first_line(exc)}). Set credentials_file (or "
+                "FORJA_GCP_CREDENTIALS_FILE) to a service-account JSON key, set access_token, or run "
+                "'gcloud auth application-default login'"
+            ) from None
         self._credentials = creds
 
     def token(self) -> str:
@@ -274,15 +288,17 @@ class GcpClient:
             return self._static_token
         creds = self._credentials
         if not creds.valid:
+            request = _RecordingRequest(session=self.session)
             try:
-                creds.refresh(google.auth.transport.requests.Request(session=self.session))
+                creds.refresh(request)
             except google.auth.exceptions.RefreshError as exc:
-                raise GcpAuthError(refresh_error_message(creds, exc)) from exc
+                raise GcpAuthError(refresh_error_message(creds, exc, request.statuses)) from None
             except google.auth.exceptions.TransportError as exc:
+                where = getattr(creds, "_token_uri", None) or "the token endpoint"
                 raise GcpAuthError(
-                    f"credentials: the token endpoint could not be reached: {exc}; check the network "
-                    "or the key's token_uri"
-                ) from exc
+                    f"credentials: the token endpoint {where} could not be reached "
+                    f"({_first_line(exc)}); check the network, or the key's token_uri"
+                ) from None
             self.stats["token_refreshes"] += 1
         return creds.token
 
@@ -342,7 +358,7 @@ class GcpClient:
                     f"{method} {url.split('?')[0]}: the API could not be reached after "
                     f"{attempt + 1} attempts ({type(exc).__name__}); check api_url / "
                     f"{ENV_API_URL} and the network"
-                ) from exc
+                ) from None
             if resp.status_code == 401 and not refreshed_after_401 and self._credentials is not None:
                 refreshed_after_401 = True
                 self._invalidate_token()
@@ -364,12 +380,12 @@ class GcpClient:
                 return {}
             try:
                 return resp.json()
-            except ValueError as exc:
+            except ValueError:
                 raise GcpApiError(
                     f"{method} {url.split('?')[0]}: the answer is not JSON "
                     f"({resp.text[:120]!r}); is api_url a Compute API endpoint?",
                     status=resp.status_code,
-                ) from exc
+                ) from None
 
     def _sleep_backoff(self, attempt: int, retry_after: str | None) -> None:
         """Exponential backoff with full jitter; Retry-After (seconds) is honoured, capped at 30 s."""
@@ -434,6 +450,26 @@ class GcpClient:
             found.extend(page.get("items") or [])
         return found
 
+    def principal(self) -> str:
+        """Who the calls are made as, for messages (the service account, or "these credentials")."""
+        email = getattr(self._credentials, "service_account_email", None)
+        return f"the service account {email}" if email else "these credentials"
+
+    def require_project(self, project: str) -> None:
+        """Fail naming the project when it does not exist or cannot be seen with these credentials.
+
+        Under a wrong project every Compute call answers 404 for what it asked about (a zone, an
+        instance), which reads as if that were missing; projects.get tells the two apart. Called
+        only once something was not found, so a run that finds its VM pays no extra request.
+        """
+        if self.get(f"projects/{project}", allow_404=True) is None:
+            raise GcpApiError(
+                f"project: '{project}' does not exist, or {self.principal()} cannot see it; check "
+                f"project (or {ENV_PROJECT}) against 'gcloud projects list'",
+                status=404,
+                reason="notFound",
+            )
+
     def get_instance(self, project: str, zone: str, name: str) -> dict[str, Any] | None:
         return self.get(f"projects/{project}/zones/{zone}/instances/{name}", allow_404=True)
 
@@ -479,6 +515,85 @@ class GcpClient:
         return current
 
 
+class _RecordingRequest(google.auth.transport.requests.Request if HAS_GOOGLE_AUTH else object):  # type: ignore[misc]
+    """google-auth's request adapter, keeping the HTTP status of each token endpoint answer.
+
+    google-auth's RefreshError does not carry the status; without it a token endpoint that
+    answers 500 (its fault, retry later) cannot be told from one that refuses the key (400).
+    """
+
+    def __init__(self, session: Any = None) -> None:
+        super().__init__(session=session)
+        self.statuses: list[int] = []
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        response = super().__call__(*args, **kwargs)
+        self.statuses.append(int(response.status))
+        return response
+
+
+def _first_line(exc: BaseException) -> str:
+    """An exception's own words, one line (google-auth's carry a tuple with the raw answer)."""
+    text = str(exc.args[0]) if exc.args else str(exc)
+    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+
+
+def _user_name() -> str:
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:  # pragma: no cover - a uid without a passwd entry (some containers)
+        return str(os.geteuid())
+
+
+# What a credentials file of another type is, and what to do with it instead.
+OTHER_KEY_TYPES = {
+    "authorized_user": "these are user credentials (what 'gcloud auth application-default login' "
+    "writes): use auth_kind: application, which finds them, or create a service-account key",
+    "external_account": "this is a workload identity federation config: use auth_kind: application with "
+    "GOOGLE_APPLICATION_CREDENTIALS set to this file",
+    "impersonated_service_account": "this is an impersonation config: use auth_kind: application with "
+    "GOOGLE_APPLICATION_CREDENTIALS set to this file",
+}
+
+
+def read_key_file(key_file: str) -> str:
+    """The text of a key file; each way a path fails to be a readable key is named with its fix."""
+    path = os.path.expanduser(key_file)
+    where = f"credentials_file: '{key_file}'"
+    fix = f"point credentials_file (or {ENV_CREDENTIALS_FILE}) at the service-account JSON key file"
+    denied = f"{where} cannot be read by the user running Ansible ({_user_name()}): permission denied"
+    try:
+        mode = os.stat(path).st_mode
+    except PermissionError:
+        raise GcpAuthError(
+            f"{denied} on a directory above it; let that user through (chmod o+x on the directory) "
+            "or move the key to a directory of that user's"
+        ) from None
+    except (FileNotFoundError, NotADirectoryError):
+        raise GcpAuthError(f"{where} does not exist; {fix}") from None
+    if stat.S_ISDIR(mode):
+        raise GcpAuthError(f"{where} is a directory, not a key file; {fix} inside it")
+    if not stat.S_ISREG(mode):
+        raise GcpAuthError(f"{where} is not a regular file; {fix}")
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read()
+    except PermissionError:
+        user = _user_name()
+        raise GcpAuthError(
+            f"{denied}; give that user read access, e.g. 'chown {user} {key_file} && chmod 0600 {key_file}'"
+        ) from None
+    except OSError as exc:
+        raise GcpAuthError(f"{where} cannot be read ({exc.strerror}); {fix}") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise GcpAuthError(
+            f"{where} is not a text file (a P12 key?); forja needs the JSON key: create one under "
+            "IAM > Service accounts > Keys > Add key > JSON"
+        ) from None
+
+
 def load_service_account_info(credentials_json: str | None, key_file: str | None) -> dict[str, Any]:
     """Read and check a service-account key; errors name the field and never echo the key."""
     if credentials_json:
@@ -486,35 +601,32 @@ def load_service_account_info(credentials_json: str | None, key_file: str | None
         text = credentials_json
     elif key_file:
         source = "credentials_file"
-        path = os.path.expanduser(key_file)
-        if not os.path.isfile(path):
-            raise GcpAuthError(
-                f"credentials_file: '{key_file}' does not exist; point credentials_file "
-                f"(or {ENV_CREDENTIALS_FILE}) at a service-account JSON key"
-            )
-        try:
-            with open(path, encoding="utf-8") as handle:
-                text = handle.read()
-        except OSError as exc:
-            raise GcpAuthError(f"credentials_file: '{key_file}' cannot be read ({exc.strerror})") from exc
+        text = read_key_file(key_file)
     else:
         raise GcpAuthError(
             f"credentials_file: not set; set it (or {ENV_CREDENTIALS_FILE}) to a service-account JSON key"
         )
+    where = f"'{key_file}'" if source == "credentials_file" else "the given text"
     try:
         info = json.loads(text)
     except ValueError as exc:
-        where = f"'{key_file}'" if source == "credentials_file" else "the given text"
         raise GcpAuthError(
-            f"{source}: {where} is not JSON (line {getattr(exc, 'lineno', '?')}); download the "
-            "key again from IAM > Service accounts > Keys"
+            f"{source}: {where} is not JSON (line {getattr(exc, 'lineno', '?')}, column "
+            f"{getattr(exc, 'colno', '?')}); download the key again from IAM > Service accounts > Keys"
         ) from None
     if not isinstance(info, dict):
-        raise GcpAuthError(f"{source}: the key must be a JSON object, not {type(info).__name__}")
-    if info.get("type") not in (None, "service_account"):
         raise GcpAuthError(
-            f"{source}: the key has type '{info.get('type')}', expected 'service_account'; user "
-            "credentials go through auth_kind: application"
+            f"{source}: {where} is JSON but a {type(info).__name__}, not a key object; download the "
+            "key again from IAM > Service accounts > Keys"
+        )
+    kind = info.get("type")
+    if kind not in (None, "service_account"):
+        fix = OTHER_KEY_TYPES.get(
+            str(kind), "create a service-account key (IAM > Service accounts > Keys > Add key > JSON)"
+        )
+        raise GcpAuthError(
+            f"{source}: {where} holds credentials of type '{kind}', not a service-account key "
+            f"(type 'service_account'); {fix}"
         )
     missing = [k for k in SERVICE_ACCOUNT_KEYS if not info.get(k)]
     if missing:
@@ -524,15 +636,38 @@ def load_service_account_info(credentials_json: str | None, key_file: str | None
     return info
 
 
-def refresh_error_message(creds: Any, exc: Exception) -> str:
-    """Why the token endpoint refused us, without the assertion or the key."""
+def refresh_error_message(creds: Any, exc: Exception, statuses: list[int] | None = None) -> str:
+    """Why no token came back, by its true cause, without the assertion or the key.
+
+    A 5xx (or an error Google marks retryable) is the token endpoint's own failure: the key is
+    fine and a new one would not help. A 4xx is a refusal of this key.
+    """
     who = getattr(creds, "service_account_email", None) or "the credentials"
     where = getattr(creds, "_token_uri", None) or "the token endpoint"
-    detail = exc.args[0] if exc.args else str(exc)
-    return (
-        f"credentials: {where} refused a token for {who}: {detail}. What to do: the key may be deleted, "
-        "disabled or for another project; create a new key for the service account"
-    )
+    detail = _first_line(exc)
+    status = statuses[-1] if statuses else None
+    if (status is not None and status >= 500) or getattr(exc, "retryable", False):
+        tries = len(statuses or []) or 1
+        answered = f"HTTP {status}" if status else "a server error"
+        return (
+            f"credentials: the token endpoint {where} failed: it answered {answered} ({detail}) "
+            f"{tries} time{'s' if tries != 1 else ''}. The key for {who} is not at fault: retry later "
+            "(see https://status.cloud.google.com)"
+        )
+    answered = f" with HTTP {status}" if status else ""
+    if status is not None and status not in (400, 401, 403):
+        return (
+            f"credentials: the token endpoint {where} answered{answered} ({detail}); check the "
+            "key's token_uri (Google's is https://oauth2.googleapis.com/token)"
+        )
+    if "short-lived" in detail or "timeframe" in detail:  # Google's words for a skewed iat/exp
+        fix = "the controller's clock is probably wrong: sync it (e.g. 'timedatectl set-ntp true')"
+    else:
+        fix = (
+            "the key may be deleted or disabled, or its account deleted: create a new key for the "
+            "service account (IAM > Service accounts > Keys)"
+        )
+    return f"credentials: {where} refused a token for {who}{answered}: {detail}. What to do: {fix}"
 
 
 # The connection options every forja GCP module takes (documented in each module's DOCUMENTATION).

@@ -34,13 +34,6 @@ DISK_TYPES = ("pd-balanced", "pd-ssd", "pd-standard", "pd-extreme", "hyperdisk-b
 DISK_INTERFACES = ("NVME", "SCSI")
 TERMINATION_ACTIONS = ("STOP", "DELETE")
 MANAGED_LABEL = ("forja", "managed")
-# The scopes gcloud gives a VM by default, minus the write ones we do not need: the notebook
-# runs arbitrary code, so the VM's own credentials should not be able to change the project.
-DEFAULT_VM_SCOPES = (
-    "https://www.googleapis.com/auth/devstorage.read_only",
-    "https://www.googleapis.com/auth/logging.write",
-    "https://www.googleapis.com/auth/monitoring.write",
-)
 
 
 class SpecError(ValueError):
@@ -150,26 +143,31 @@ def value_digest(value: str) -> str:
 
 @dataclass
 class InstanceSpec:
-    """What the user asked for, already validated (see ``validate_spec``)."""
+    """What the user asked for, already validated (see ``validate_spec``).
+
+    None means "not asked": the Compute API's own default at creation, and not compared on an
+    existing VM. The VM forja wants is stated once, in the gcp_instance role's defaults, which
+    pass every value; this module states no VM of its own.
+    """
 
     name: str
     zone: str
-    machine_type: str
-    gpus: GpuSpec
-    image: str
-    boot_disk_size_gb: int
-    boot_disk_type: str
-    boot_disk_interface: str
-    network: str
+    machine_type: str | None
+    gpus: GpuSpec | None
+    image: str | None
+    boot_disk_size_gb: int | None
+    boot_disk_type: str | None
+    boot_disk_interface: str | None
+    network: str | None
     subnetwork: str | None
-    external_ip: bool
+    external_ip: bool | None
     nic_type: str | None
     tags: list[str]
     labels: dict[str, str]
     metadata: dict[str, str]
     service_account_email: str | None
-    scopes: list[str]
-    spot: bool
+    scopes: list[str] | None
+    spot: bool | None
     instance_termination_action: str | None
     fallback_zones: list[str] = field(default_factory=list)
 
@@ -188,11 +186,22 @@ class InstanceSpec:
         return (self.instance_termination_action or "STOP") if self.spot else None
 
 
-def image_url(image: str | None, image_family: str | None, image_project: str | None, project: str) -> str:
-    """The sourceImage for a family or an image name (partial URLs kept as they are)."""
+def image_url(
+    image: str | None,
+    image_family: str | None,
+    image_project: str | None,
+    project: str,
+    required: bool = True,
+) -> str | None:
+    """The sourceImage for a family or an image name (partial URLs kept as they are).
+
+    Without image_project the image is the project's own, as for gcloud's --image-project.
+    """
     if image and image_family:
         raise SpecError("image: give either image or image_family, not both")
     if not image and not image_family:
+        if not required:
+            return None
         raise SpecError("image_family: give image_family (with image_project) or image")
     owner = image_project or project
     if image_family:
@@ -238,8 +247,14 @@ def validate_source_ranges(ranges: list[str]) -> list[str]:
     return clean
 
 
-def validate_spec(params: dict[str, Any], project: str, gpus: GpuSpec) -> InstanceSpec:
-    """Check the user's parameters; every error names the field and the fix, before any change."""
+def validate_spec(
+    params: dict[str, Any], project: str, gpus: GpuSpec | None, creating: bool = True
+) -> InstanceSpec:
+    """Check the user's parameters; every error names the field and the fix, before any change.
+
+    ``creating``: the run may create the VM, so the image is required (the machine type is, by
+    ``resolve_gpus``); otherwise an unset image is simply not compared.
+    """
     name = params["name"]
     if not NAME_RE.match(name or ""):
         raise SpecError(
@@ -251,7 +266,7 @@ def validate_spec(params: dict[str, Any], project: str, gpus: GpuSpec) -> Instan
         if not ZONE_RE.match(zone or ""):
             field_name = "zone" if zone == params["zone"] else "fallback_zones"
             raise SpecError(f"{field_name}: '{zone}' is not a zone name such as us-east1-d")
-    spot = bool(params.get("spot"))
+    spot = params.get("spot")
     action = params.get("instance_termination_action")
     if action and not spot:
         raise SpecError(
@@ -260,14 +275,14 @@ def validate_spec(params: dict[str, Any], project: str, gpus: GpuSpec) -> Instan
         )
     if action and action not in TERMINATION_ACTIONS:
         raise SpecError(f"instance_termination_action: '{action}' must be STOP or DELETE")
-    size = int(params.get("boot_disk_size_gb") or 0)
-    if size < 10 or size > 65536:
+    size = params.get("boot_disk_size_gb")
+    if size is not None and (int(size) < 10 or int(size) > 65536):
         raise SpecError(f"boot_disk_size_gb: {size} is out of range; boot disks are 10 to 65536 GB")
-    disk_type = params.get("boot_disk_type") or "pd-balanced"
-    if disk_type not in DISK_TYPES:
+    disk_type = params.get("boot_disk_type") or None
+    if disk_type is not None and disk_type not in DISK_TYPES:
         raise SpecError(f"boot_disk_type: '{disk_type}' must be one of {', '.join(DISK_TYPES)}")
-    interface = (params.get("boot_disk_interface") or "NVME").upper()
-    if interface not in DISK_INTERFACES:
+    interface = (params.get("boot_disk_interface") or "").upper() or None
+    if interface is not None and interface not in DISK_INTERFACES:
         raise SpecError(f"boot_disk_interface: '{interface}' must be NVME or SCSI")
     tags = [str(t) for t in params.get("tags") or []]
     for tag in tags:
@@ -291,24 +306,28 @@ def validate_spec(params: dict[str, Any], project: str, gpus: GpuSpec) -> Instan
     return InstanceSpec(
         name=name,
         zone=params["zone"],
-        machine_type=params["machine_type"],
+        machine_type=params.get("machine_type") or None,
         gpus=gpus,
         image=image_url(
-            params.get("image"), params.get("image_family"), params.get("image_project"), project
+            params.get("image"),
+            params.get("image_family"),
+            params.get("image_project"),
+            project,
+            required=creating,
         ),
-        boot_disk_size_gb=size,
+        boot_disk_size_gb=None if size is None else int(size),
         boot_disk_type=disk_type,
         boot_disk_interface=interface,
-        network=params.get("network") or "default",
+        network=params.get("network") or None,
         subnetwork=params.get("subnetwork") or None,
-        external_ip=bool(params.get("external_ip", True)),
+        external_ip=params.get("external_ip"),
         nic_type=params.get("nic_type") or None,
         tags=sorted(set(tags)),
         labels=labels,
         metadata=metadata,
         service_account_email=params.get("service_account_email") or None,
-        scopes=list(params.get("scopes") or DEFAULT_VM_SCOPES),
-        spot=spot,
+        scopes=None if params.get("scopes") is None else list(params["scopes"]),
+        spot=None if spot is None else bool(spot),
         instance_termination_action=action or None,
         fallback_zones=list(params.get("fallback_zones") or []),
     )
@@ -316,7 +335,7 @@ def validate_spec(params: dict[str, Any], project: str, gpus: GpuSpec) -> Instan
 
 def scheduling_body(spec: InstanceSpec) -> dict[str, Any]:
     """Scheduling: GPUs cannot live-migrate, so TERMINATE on host maintenance whenever a GPU is there."""
-    has_gpu = spec.gpus.gpu_count > 0
+    has_gpu = bool(spec.gpus and spec.gpus.gpu_count > 0)
     if spec.spot:
         return {
             "provisioningModel": "SPOT",
@@ -332,10 +351,14 @@ def scheduling_body(spec: InstanceSpec) -> dict[str, Any]:
 
 
 def insert_body(spec: InstanceSpec, zone: str, project: str) -> dict[str, Any]:
-    """The instances.insert body for one zone (zone-scoped URLs are rebuilt per fallback zone)."""
-    nic: dict[str, Any] = {
-        "network": spec.network if "/" in spec.network else f"global/networks/{spec.network}"
-    }
+    """The instances.insert body for one zone (zone-scoped URLs are rebuilt per fallback zone).
+
+    An option left unset is left out, so the API applies its own default (the network
+    ``default``, the image's disk size, pd-standard, SCSI, no external IP, no service account).
+    """
+    nic: dict[str, Any] = {}
+    if spec.network:
+        nic["network"] = spec.network if "/" in spec.network else f"global/networks/{spec.network}"
     if spec.subnetwork:
         nic["subnetwork"] = (
             spec.subnetwork
@@ -346,31 +369,30 @@ def insert_body(spec: InstanceSpec, zone: str, project: str) -> dict[str, Any]:
         nic["nicType"] = spec.nic_type
     if spec.external_ip:
         nic["accessConfigs"] = [{"name": "External NAT", "type": "ONE_TO_ONE_NAT", "networkTier": "PREMIUM"}]
+    init: dict[str, Any] = {"sourceImage": spec.image}
+    if spec.boot_disk_size_gb is not None:
+        init["diskSizeGb"] = str(spec.boot_disk_size_gb)
+    if spec.boot_disk_type:
+        init["diskType"] = f"zones/{zone}/diskTypes/{spec.boot_disk_type}"
+    disk: dict[str, Any] = {"boot": True, "autoDelete": True, "type": "PERSISTENT", "initializeParams": init}
+    if spec.boot_disk_interface:
+        disk["interface"] = spec.boot_disk_interface
     body: dict[str, Any] = {
         "name": spec.name,
         "machineType": f"zones/{zone}/machineTypes/{spec.machine_type}",
         "scheduling": scheduling_body(spec),
-        "disks": [
-            {
-                "boot": True,
-                "autoDelete": True,
-                "type": "PERSISTENT",
-                "interface": spec.boot_disk_interface,
-                "initializeParams": {
-                    "sourceImage": spec.image,
-                    "diskSizeGb": str(spec.boot_disk_size_gb),
-                    "diskType": f"zones/{zone}/diskTypes/{spec.boot_disk_type}",
-                },
-            }
-        ],
+        "disks": [disk],
         "networkInterfaces": [nic],
         "labels": dict(spec.labels),
         "metadata": {"items": [{"key": k, "value": v} for k, v in sorted(spec.metadata.items())]},
-        "serviceAccounts": [{"email": spec.service_account_email or "default", "scopes": list(spec.scopes)}],
     }
+    if spec.service_account_email or spec.scopes is not None:
+        body["serviceAccounts"] = [
+            {"email": spec.service_account_email or "default", "scopes": list(spec.scopes or [])}
+        ]
     if spec.tags:
         body["tags"] = {"items": list(spec.tags)}
-    if spec.gpus.attach and spec.gpus.gpu_type:
+    if spec.gpus and spec.gpus.attach and spec.gpus.gpu_type:
         body["guestAccelerators"] = [
             {
                 "acceleratorType": f"projects/{project}/zones/{zone}/acceleratorTypes/{spec.gpus.gpu_type}",
@@ -395,17 +417,20 @@ def immutable_differences(spec: InstanceSpec, instance: dict[str, Any]) -> list[
     """
     gpu_type, gpu_count = gpus_of_instance(instance)
     model, action = provisioning_of(instance)
-    pairs = [
-        ("machine_type", spec.machine_type, short_name(instance.get("machineType"))),
-        ("gpu_type", spec.gpus.gpu_type, gpu_type),
-        ("gpu_count", spec.gpus.gpu_count, gpu_count),
-        ("spot", "SPOT" if spec.spot else "STANDARD", model),
-        ("instance_termination_action", spec.termination_action, action),
-    ]
+    pairs: list[tuple[str, Any, Any]] = []
+    if spec.machine_type:
+        pairs.append(("machine_type", spec.machine_type, short_name(instance.get("machineType"))))
+    if spec.gpus is not None:
+        pairs += [("gpu_type", spec.gpus.gpu_type, gpu_type), ("gpu_count", spec.gpus.gpu_count, gpu_count)]
+    if spec.spot is not None:
+        pairs += [
+            ("spot", "SPOT" if spec.spot else "STANDARD", model),
+            ("instance_termination_action", spec.termination_action, action),
+        ]
     disk = boot_disk_of(instance)
-    if disk.get("diskSizeGb") is not None:
+    if disk.get("diskSizeGb") is not None and spec.boot_disk_size_gb is not None:
         pairs.append(("boot_disk_size_gb", spec.boot_disk_size_gb, int(disk["diskSizeGb"])))
-    if disk.get("interface"):
+    if disk.get("interface") and spec.boot_disk_interface:
         pairs.append(("boot_disk_interface", spec.boot_disk_interface, disk["interface"]))
     return [f"{name} (asked {want!r}, is {have!r})" for name, want, have in pairs if want != have]
 
@@ -456,15 +481,15 @@ def predicted_facts(spec: InstanceSpec, zone: str, project: str, status: str) ->
         "zone": zone,
         "status": status,
         "machine_type": spec.machine_type,
-        "gpu_type": spec.gpus.gpu_type,
-        "gpu_count": spec.gpus.gpu_count,
+        "gpu_type": spec.gpus.gpu_type if spec.gpus else None,
+        "gpu_count": spec.gpus.gpu_count if spec.gpus else 0,
         "provisioning_model": "SPOT" if spec.spot else "STANDARD",
-        "preemptible": spec.spot,
+        "preemptible": bool(spec.spot),
         "instance_termination_action": spec.termination_action,
         "ip": None,
         "public_ip": None,
         "private_ip": None,
-        "network": short_name(spec.network),
+        "network": short_name(spec.network) or None,
         "labels": dict(spec.labels),
         "tags": list(spec.tags),
         "metadata_keys": sorted(spec.metadata),

@@ -161,6 +161,8 @@ def main() -> None:
         client = GcpClient(config)
         path = f"projects/{project}/global/firewalls/{params['name']}"
         current = client.get(path, allow_404=True)
+        if current is None:  # a wrong project answers 404 too: name it instead of failing the insert
+            client.require_project(project)
         want = rule_body(params, ranges)
         before, after = rule_view(current), rule_view(want) if params["state"] == "present" else {}
         changed = before != after

@@ -38,7 +38,7 @@ from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_machines impor
 
 DOCUMENTATION = r"""
 module: gcp_gpu_instance
-short_description: Manage one Compute Engine GPU VM (G2/L4 by default), with Spot and zone fallback
+short_description: Manage one Compute Engine GPU VM (G2/L4, A2, A3 or N1), with Spot and zone fallback
 description:
   - Creates, starts, stops or deletes one Compute Engine VM with GPUs, the way forja needs it.
   - Checks the machine type against the GPU asked for before any call (C(g2-standard-8) comes with
@@ -56,6 +56,14 @@ description:
   - Supports check mode and C(--diff). Metadata values appear in the diff only as digests (they hold SSH
     keys and scripts), and never in the return values.
   - Runs on the controller (C(delegate_to=localhost)); needs C(google-auth) and C(requests) there.
+  - C(state=started) and C(state=stopped) never create a VM unless O(create_if_missing=true). A
+    misspelt O(name), O(project) or O(zone) fails naming what was looked for, instead of
+    creating (and billing) a new GPU VM.
+  - This module states no VM of its own. The VM forja runs (its machine type, zone, image and
+    disk) is stated once, in the C(forja.gpu.gcp_instance) role's defaults
+    (C(roles/gcp_instance/defaults/main.yml)), which pass every option below; used directly, an
+    option left unset takes the Compute API's own default when the VM is created, and is not
+    compared on an existing VM.
 version_added: "0.1.0"
 author: forja contributors
 extends_documentation_fragment:
@@ -69,14 +77,25 @@ options:
   state:
     description:
       - C(present) creates the VM (running) if it is missing and leaves the power state of an existing one.
-      - C(started) and C(stopped) also start or stop it. C(absent) deletes it with its boot disk.
+      - C(started) and C(stopped) start or stop an existing VM; a missing one is an error unless
+        O(create_if_missing=true). C(absent) deletes it with its boot disk.
     type: str
     choices: [present, absent, started, stopped]
     default: present
+  create_if_missing:
+    description:
+      - With C(state=started) or C(state=stopped), create the VM when it does not exist (C(stopped)
+        creates it, then stops it). Off, a missing VM fails naming the VM, the project and the zones
+        looked at, and nothing is created.
+      - C(state=present) always creates a missing VM; C(absent) never does.
+    type: bool
+    default: false
   zone:
-    description: Zone to create the VM in, and the first place to look for it.
+    description:
+      - Zone to create the VM in, and the first place to look for it. The gcp_instance role passes
+        C(gcp_instance_zone).
     type: str
-    default: us-east1-d
+    required: true
   fallback_zones:
     description:
       - Zones tried in order when the zone is out of stock. An existing VM is also looked for there.
@@ -84,9 +103,10 @@ options:
     elements: str
     default: []
   machine_type:
-    description: Machine type name.
+    description:
+      - Machine type name. Required to create the VM; unset, an existing VM's type is not compared.
+        The gcp_instance role passes C(gcp_instance_machine_type).
     type: str
-    default: g2-standard-8
   gpu_type:
     description:
       - GPU model. Leave unset for G2/A2/A3 (the machine type brings its GPUs); when set there, it must
@@ -102,34 +122,30 @@ options:
     description: Image name or partial URL to boot from (mutually exclusive with O(image_family)).
     type: str
   image_project:
-    description: Project owning the image or family.
+    description: Project owning the image or family; unset means O(project) itself (as for gcloud).
     type: str
-    default: deeplearning-platform-release
   boot_disk_size_gb:
-    description: Boot disk size in GB.
+    description: Boot disk size in GB; unset means the image's size.
     type: int
-    default: 300
   boot_disk_type:
-    description: Boot disk type.
+    description: Boot disk type; unset means the API's default (C(pd-standard)).
     type: str
-    default: pd-balanced
     choices: [pd-balanced, pd-ssd, pd-standard, pd-extreme, hyperdisk-balanced]
   boot_disk_interface:
-    description: Boot disk interface.
+    description: Boot disk interface; unset means the API's default (C(SCSI)).
     type: str
-    default: NVME
     choices: [NVME, SCSI]
   network:
-    description: VPC network name or partial URL.
+    description: VPC network name or partial URL; unset means the API's default (the network C(default)).
     type: str
-    default: default
   subnetwork:
     description: Subnetwork name or partial URL (needed for custom-mode networks).
     type: str
   external_ip:
-    description: Give the VM an ephemeral public IP (needed for direct SSH; IAP does not need it).
+    description:
+      - Give the VM an ephemeral public IP (needed for direct SSH; IAP does not need it). Unset means
+        the API's default, none.
     type: bool
-    default: true
   nic_type:
     description:
       - Virtual NIC type. Unset lets the API choose (the DLVM images support gVNIC). Only used at creation.
@@ -168,14 +184,17 @@ options:
     type: str
   scopes:
     description:
-      - OAuth scopes of the VM's service account. The default is read-only storage plus logging and
-        monitoring writes, so code in a notebook cannot change the project with the VM's credentials.
+      - OAuth scopes of the VM's service account. With neither this nor O(service_account_email) the
+        VM gets no service account (the API's default). The gcp_instance role passes read-only
+        storage plus logging and monitoring writes, so code in a notebook cannot change the project
+        with the VM's credentials.
     type: list
     elements: str
   spot:
-    description: Create a Spot VM (C(provisioningModel=SPOT)); cheaper, may be preempted at any time.
+    description:
+      - Create a Spot VM (C(provisioningModel=SPOT)); cheaper, may be preempted at any time. Unset
+        means a standard VM at creation, and not compared on an existing VM.
     type: bool
-    default: false
   instance_termination_action:
     description: What preemption does to a Spot VM (the API default is STOP). Only valid with O(spot=true).
     type: str
@@ -219,7 +238,9 @@ EXAMPLES = r"""
     project: my-project
     zone: us-east1-d
     fallback_zones: [us-east1-b, us-central1-a]
+    machine_type: g2-standard-8
     image_family: pytorch-2-7-cu128-ubuntu-2204-nvidia-570
+    image_project: deeplearning-platform-release
     spot: true
     instance_termination_action: STOP
     ssh_keys:
@@ -228,17 +249,31 @@ EXAMPLES = r"""
       owner: alice
   delegate_to: localhost
 
-- name: Stop the VM (the disk stays, billing of the GPU stops)
+- name: Stop the VM (the disk stays, billing of the GPU stops); fails if there is no such VM
   forja.gpu.gcp_gpu_instance:
     name: forja-l4
     project: my-project
+    zone: us-east1-d
     state: stopped
+  delegate_to: localhost
+
+- name: Start the VM, creating it first if it does not exist yet
+  forja.gpu.gcp_gpu_instance:
+    name: forja-l4
+    project: my-project
+    zone: us-east1-d
+    state: started
+    create_if_missing: true
+    machine_type: g2-standard-8
+    image_family: pytorch-2-7-cu128-ubuntu-2204-nvidia-570
+    image_project: deeplearning-platform-release
   delegate_to: localhost
 
 - name: Delete the VM and its boot disk
   forja.gpu.gcp_gpu_instance:
     name: forja-l4
     project: my-project
+    zone: us-east1-d
     state: absent
   delegate_to: localhost
 """
@@ -305,24 +340,24 @@ SETTLING_STATES = ("PROVISIONING", "STAGING", "STOPPING", "SUSPENDING", "REPAIRI
 ARGUMENT_SPEC: dict[str, Any] = {
     "name": {"type": "str", "required": True},
     "state": {"type": "str", "default": "present", "choices": ["present", "absent", "started", "stopped"]},
-    "zone": {"type": "str", "default": "us-east1-d"},
+    "create_if_missing": {"type": "bool", "default": False},
+    "zone": {"type": "str", "required": True},
     "fallback_zones": {"type": "list", "elements": "str", "default": []},
-    "machine_type": {"type": "str", "default": "g2-standard-8"},
+    "machine_type": {"type": "str"},
     "gpu_type": {"type": "str"},
     "gpu_count": {"type": "int"},
     "image_family": {"type": "str"},
     "image": {"type": "str"},
-    "image_project": {"type": "str", "default": "deeplearning-platform-release"},
-    "boot_disk_size_gb": {"type": "int", "default": 300},
+    "image_project": {"type": "str"},
+    "boot_disk_size_gb": {"type": "int"},
     "boot_disk_type": {
         "type": "str",
-        "default": "pd-balanced",
         "choices": ["pd-balanced", "pd-ssd", "pd-standard", "pd-extreme", "hyperdisk-balanced"],
     },
-    "boot_disk_interface": {"type": "str", "default": "NVME", "choices": ["NVME", "SCSI"]},
-    "network": {"type": "str", "default": "default"},
+    "boot_disk_interface": {"type": "str", "choices": ["NVME", "SCSI"]},
+    "network": {"type": "str"},
     "subnetwork": {"type": "str"},
-    "external_ip": {"type": "bool", "default": True},
+    "external_ip": {"type": "bool"},
     "nic_type": {"type": "str", "choices": ["GVNIC", "VIRTIO_NET"]},
     "tags": {"type": "list", "elements": "str", "default": []},
     "labels": {"type": "dict", "default": {}},
@@ -332,7 +367,7 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "ssh_keys": {"type": "list", "elements": "str", "default": [], "no_log": False},
     "service_account_email": {"type": "str"},
     "scopes": {"type": "list", "elements": "str"},
-    "spot": {"type": "bool", "default": False},
+    "spot": {"type": "bool"},
     "instance_termination_action": {"type": "str", "choices": ["STOP", "DELETE"]},
     "ip_preference": {"type": "list", "elements": "str", "default": ["public_ip", "private_ip"]},
     "wait": {"type": "bool", "default": True},
@@ -392,7 +427,7 @@ class InstanceManager:
         field = "zone" if zone == spec.zone else "fallback_zones"
         if not self.client.get(f"projects/{self.project}/zones/{zone}", allow_404=True):
             raise SpecError(
-                f"{field}: zone '{zone}' does not exist (or the project cannot use it); list zones with "
+                f"{field}: zone '{zone}' does not exist in project '{self.project}'; list its zones with "
                 "'gcloud compute zones list'"
             )
         gpu = spec.gpus.gpu_type
@@ -545,16 +580,53 @@ class InstanceManager:
         started = instance.get("lastStartTimestamp") or ""
         return newest if newest and (not started or _instant(newest) >= _instant(started)) else None
 
+    def may_create(self) -> bool:
+        """present creates a missing VM; started/stopped only when asked to (create_if_missing)."""
+        state = self.params["state"]
+        return state == "present" or (state in ("started", "stopped") and self.params["create_if_missing"])
+
+    def spec(self) -> InstanceSpec:
+        """The validated request; the machine type and image are required only if we may create."""
+        params = self.params
+        creating = self.may_create()
+        gpus = None
+        if params["machine_type"] or creating:
+            if not params["machine_type"]:
+                raise SpecError(
+                    "machine_type: required to create the VM (e.g. g2-standard-8); the gcp_instance "
+                    "role passes gcp_instance_machine_type"
+                )
+            gpus = resolve_gpus(params["machine_type"], params["gpu_type"], params["gpu_count"])
+        elif params["gpu_type"] or params["gpu_count"]:
+            raise SpecError("machine_type: gpu_type and gpu_count are checked against it; set it too")
+        return validate_spec(params, self.project, gpus, creating=creating)
+
+    def refuse_missing(self, zones: list[str]) -> None:
+        """started/stopped on a VM that does not exist: say what was looked for; create nothing."""
+        params = self.params
+        where = f"zone {zones[0]}" if len(zones) == 1 else f"zones {', '.join(zones)}"
+        raise SpecError(
+            f"name: no VM '{params['name']}' in project '{self.project}' ({where}), so there is "
+            f"nothing to {'start' if params['state'] == 'started' else 'stop'}; nothing was created. "
+            "Check name, project and zone; to create the VM, set create_if_missing: true (the "
+            "gcp_instance role: gcp_instance_create_if_missing=true, as playbooks/provision.yml does) "
+            "or use state: present"
+        )
+
     def run(self) -> dict[str, Any]:
         params = self.params
         state = params["state"]
         spec: InstanceSpec | None = None
         search = [params["zone"], *params["fallback_zones"]]
         if state != "absent":
-            gpus = resolve_gpus(params["machine_type"], params["gpu_type"], params["gpu_count"])
-            spec = validate_spec(params, self.project, gpus)
+            spec = self.spec()
             search = spec.zones
         zone, instance = self.find(search)
+        if instance is None:
+            # Not found anywhere: a wrong project reads the same as a missing VM, so tell them apart.
+            self.client.require_project(self.project)
+            if state in ("started", "stopped") and not self.may_create():
+                self.refuse_missing(search)
         before_facts = instance_facts(instance, self.ip_preference) if instance else None
         before = comparable_view(before_facts, metadata_dict(instance) if instance else None)
 

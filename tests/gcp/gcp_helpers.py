@@ -7,6 +7,30 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 
+#: The module options the gcp_instance role fills from its defaults: the VM, as the role states it
+#: (the module states none; tests that call it directly pass these, read from the one home).
+ROLE_VM_OPTIONS = (
+    "zone",
+    "machine_type",
+    "image_family",
+    "image_project",
+    "boot_disk_size_gb",
+    "boot_disk_type",
+    "boot_disk_interface",
+    "network",
+    "external_ip",
+    "spot",
+    "scopes",
+)
+
+
+def role_vm() -> dict:
+    """gcp_gpu_instance options for the gcp_instance role's default VM (its defaults/main.yml)."""
+    import yaml
+
+    defaults = yaml.safe_load((REPO / "roles/gcp_instance/defaults/main.yml").read_text())
+    return {option: defaults[f"gcp_instance_{option}"] for option in ROLE_VM_OPTIONS}
+
 
 def offline_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for ansible subprocesses: loopback only, no user config, our repo's ansible.cfg."""

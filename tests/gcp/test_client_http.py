@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import threading
 import time
 
 import pytest
+from ansible.errors import AnsibleParserError
 from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import (
     GcpApiError,
     GcpAuthError,
@@ -15,6 +17,7 @@ from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import (
     GcpConfig,
     GcpNetworkError,
     GcpOperationError,
+    read_key_file,
 )
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
@@ -210,20 +213,97 @@ def test_a_missing_key_file_is_named(tmp_path):
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        ("{not json", "is not JSON"),
-        ("[1, 2]", "must be a JSON object"),
-        (json.dumps({"type": "authorized_user", "client_id": "x"}), "expected 'service_account'"),
+        ("{not json", "is not JSON (line 1, column 2)"),
+        ("[1, 2]", "is JSON but a list, not a key object"),
+        (b"0\x82\x09\xa2\x02\x01\x03", "is not a text file (a P12 key?)"),
+        (json.dumps({"type": "authorized_user", "client_id": "x"}), "type 'authorized_user'"),
+        (json.dumps({"type": "external_account"}), "workload identity federation"),
+        (json.dumps({"type": "gdch_service_account"}), "type 'gdch_service_account', not a service-account"),
         (json.dumps({"type": "service_account", "client_email": "a@b"}), "lacks private_key, token_uri"),
+        (
+            json.dumps(
+                {
+                    "type": "service_account",
+                    "client_email": "a@b",
+                    "private_key": "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
+                    "token_uri": "http://127.0.0.1:9/",
+                }
+            ),
+            "the private_key of the service-account key for 'a@b' cannot be loaded",
+        ),
     ],
 )
 def test_a_malformed_key_is_named_without_echoing_it(tmp_path, content, message):
     path = tmp_path / "key.json"
-    path.write_text(content)
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
     client = GcpClient(GcpConfig(api_url="http://127.0.0.1:9/", credentials_file=str(path), env={}))
     with pytest.raises(GcpAuthError) as caught:
         client.token()
     assert caught.value.message.startswith("credentials_file:")
     assert message in caught.value.message
+    assert "AAAA" not in caught.value.message
+    error = caught.value
+    assert error.__cause__ is None and (error.__context__ is None or error.__suppress_context__), (
+        "no chained cause: the message already says it"
+    )
+
+
+def test_a_key_path_that_is_a_directory_says_so(tmp_path):
+    with pytest.raises(GcpAuthError) as caught:
+        read_key_file(str(tmp_path))
+    assert caught.value.message == (
+        f"credentials_file: '{tmp_path}' is a directory, not a key file; point credentials_file (or "
+        "FORJA_GCP_CREDENTIALS_FILE) at the service-account JSON key file inside it"
+    )
+
+
+def _read_as_nobody(path) -> str:
+    """read_key_file's error for a user who may not read the file (root reads every file)."""
+    if os.geteuid() != 0:
+        with pytest.raises(GcpAuthError) as caught:
+            read_key_file(str(path))
+        return caught.value.message
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child drops to nobody, tries, reports through the pipe, and exits at once
+        try:
+            os.close(reader)
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            try:
+                read_key_file(str(path))
+                answer = "read it"
+            except GcpAuthError as exc:
+                answer = exc.message
+            os.write(writer, answer.encode())
+        finally:
+            os._exit(0)
+    os.close(writer)
+    with os.fdopen(reader, "rb") as pipe:
+        answer = pipe.read().decode()
+    os.waitpid(pid, 0)
+    return answer
+
+
+def test_a_key_file_the_user_cannot_read_names_the_user_and_the_fix(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    key = shared / "sa.json"
+    key.write_text("{}")
+    key.chmod(0o000 if os.geteuid() != 0 else 0o600)  # root's 0600 file: nobody cannot read it
+    for directory in (tmp_path, tmp_path.parent, tmp_path.parent.parent, shared):
+        directory.chmod(directory.stat().st_mode | 0o711)
+    message = _read_as_nobody(key)
+    assert message.startswith(f"credentials_file: '{key}' cannot be read by the user running Ansible (")
+    assert "permission denied; give that user read access" in message
+    shared.chmod(0o700)  # now the directory above it stops that user
+    if os.geteuid() == 0:
+        message = _read_as_nobody(key)
+        assert "permission denied on a directory above it" in message and "does not exist" not in message
 
 
 def test_a_key_the_token_endpoint_refuses_names_the_account_and_the_fix(emulator, key_file):
@@ -237,9 +317,71 @@ def test_a_key_the_token_endpoint_refuses_names_the_account_and_the_fix(emulator
     with pytest.raises(GcpAuthError) as caught:
         client.get_instance(PROJECT, "us-east1-d", "x")
     assert info["client_email"] in caught.value.message
-    assert "invalid_grant" in caught.value.message
+    assert "with HTTP 400: invalid_grant" in caught.value.message
     assert "create a new key" in caught.value.message
     assert "PRIVATE KEY" not in caught.value.message
+    assert emulator.stats["token_requests"] == 1, "a refusal is not retried"
+
+
+@pytest.mark.parametrize("status", [500, 503])
+def test_a_token_endpoint_failing_is_its_own_fault_not_the_keys(emulator, key_file, status):
+    emulator.faults.add("token", status=status, times=None)
+    client = make_client(emulator, key_file)
+    with pytest.raises(GcpAuthError) as caught:
+        client.get_instance(PROJECT, "us-east1-d", "x")
+    message = caught.value.message
+    assert f"the token endpoint {emulator.token_uri} failed: it answered HTTP {status}" in message
+    assert "3 times" in message and "not at fault: retry later" in message
+    assert "new key" not in message
+    assert emulator.stats["requests"] == 0
+
+
+def test_a_token_endpoint_recovering_within_the_retries_is_no_error(emulator, key_file):
+    emulator.faults.add("token", status=500, times=1)
+    client = make_client(emulator, key_file)
+    assert client.get_instance(PROJECT, "us-east1-d", "x") is None
+    assert emulator.stats["token_requests"] == 2
+
+
+def test_a_wrong_project_is_named_not_the_zone_or_resource(emulator, key_file):
+    client = make_client(emulator, key_file)
+    with pytest.raises(GcpApiError) as caught:
+        client.require_project("forja-sandbx")
+    assert caught.value.message.startswith("project: 'forja-sandbx' does not exist, or the service account ")
+    client.require_project(PROJECT)  # the right one passes
+    with pytest.raises(GcpApiError) as listed:
+        client.zone_instances("forja-sandbx", "us-east1-d")
+    assert "What to do: project 'forja-sandbx' does not exist" in listed.value.message
+
+
+@pytest.mark.parametrize("fault", ["token500", "directory", "refused"])
+def test_an_error_wrapped_by_ansible_states_its_cause_once(emulator, key_file, tmp_path, fault):
+    """Ansible appends each exception's cause to its message; ours carry no cause to repeat."""
+    if fault == "token500":
+        emulator.faults.add("token", status=500, times=None)
+    elif fault == "directory":
+        key_file = tmp_path
+    else:  # a key the token endpoint does not know: 400 invalid_grant
+        info = json.loads(key_file.read_text())
+        info["private_key"] = (
+            rsa.generate_private_key(public_exponent=65537, key_size=2048)
+            .private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+            .decode()
+        )
+        key_file.write_text(json.dumps(info))
+    client = make_client(emulator, key_file)
+    with pytest.raises(GcpAuthError) as caught:
+        client.get_instance(PROJECT, "us-east1-d", "x")
+    cause = caught.value.message
+    try:  # what the inventory plugin does with it
+        raise AnsibleParserError(
+            f"gcp_gpu: listing VMs failed: {cause}", orig_exc=caught.value
+        ) from caught.value
+    except AnsibleParserError as wrapped:
+        shown = str(wrapped)  # Ansible's own formatting, causes appended
+    assert shown == f"gcp_gpu: listing VMs failed: {cause}"
 
 
 def test_an_access_token_needs_no_token_request(emulator):

@@ -5,12 +5,12 @@ Each test is one ansible-playbook run of several steps (a run costs seconds; a s
 
 from __future__ import annotations
 
-from gcp_helpers import emulator_env, run_module_tasks
+from gcp_helpers import emulator_env, role_vm, run_module_tasks
 
 PROJECT = "forja-sandbox"
 VM = {
     "name": "forja-l4",
-    "image_family": "pytorch-2-7-cu128-ubuntu-2204-nvidia-570",
+    **role_vm(),
     "ssh_keys": ["ansible:ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDoNotLeakMe ansible@test"],
 }
 
@@ -123,7 +123,10 @@ def test_spot_stock_out_falls_back_in_order_and_never_leaves_half_made_vms(emula
             {**vm(fallback_zones=["us-east1-b"], **spot), "register": "made"},
             {**vm(fallback_zones=["us-east1-b"], **spot), "register": "again"},
             {**vm(name="forja-l4-solo", **spot), "register": "nowhere"},
-            {**vm(name="forja-l4-cold", zone="us-east1-b", state="stopped"), "register": "cold"},
+            {
+                **vm(name="forja-l4-cold", zone="us-east1-b", state="stopped", create_if_missing=True),
+                "register": "cold",
+            },
         ],
     )
     made = results["made"]
@@ -147,7 +150,7 @@ def test_spot_stock_out_falls_back_in_order_and_never_leaves_half_made_vms(emula
 
 def test_a_preempted_spot_vm_is_started_again_and_the_preemption_is_reported(emulator, key_file, tmp_path):
     env = emulator_env(emulator, key_file)
-    spot = vm(spot=True, state="started")  # the gcp_instance role's default state
+    spot = vm(spot=True, state="started", create_if_missing=True)  # as playbooks/provision.yml runs it
     for step in ("made", "after"):
         (tmp_path / step).mkdir()
     made = run_module_tasks(tmp_path / "made", env, [{**spot, "register": "made"}])["made"]
@@ -172,3 +175,60 @@ def test_a_preempted_spot_vm_is_started_again_and_the_preemption_is_reported(emu
     # a Spot VM the user stopped is started without being called preempted
     assert results["restarted_by_user"]["actions"] == ["start"]
     assert "preempted_at" not in results["restarted_by_user"]
+
+
+def test_started_or_stopped_on_a_missing_vm_fails_naming_it_and_creates_nothing(emulator, key_file, tmp_path):
+    typo = {"name": "forja-l4-typo", "fallback_zones": ["us-east1-b"]}
+    results = run_module_tasks(
+        tmp_path,
+        emulator_env(emulator, key_file),
+        [
+            {**vm(state="stopped", **typo), "register": "stopped"},
+            {**vm(state="started", **typo), "register": "started"},
+            {**vm(state="stopped", **typo), "register": "planned", "check_mode": True},
+        ],
+    )
+    for step in ("stopped", "started", "planned"):
+        result = results[step]
+        assert result["failed"] and result["changed"] is False, (step, result)
+        msg = result["msg"]
+        assert msg.startswith("name: no VM 'forja-l4-typo' in project 'forja-sandbox'"), msg
+        assert "zones us-east1-d, us-east1-b" in msg and "create_if_missing: true" in msg, msg
+    assert "nothing to stop" in results["stopped"]["msg"] and "nothing to start" in results["started"]["msg"]
+    assert emulator.instances(PROJECT) == []
+    assert "compute.instances.insert" not in emulator.stats["by_method"]
+
+
+def test_create_if_missing_creates_and_an_existing_vm_needs_no_shape_options(emulator, key_file, tmp_path):
+    only_where = {"forja.gpu.gcp_gpu_instance": {"name": "forja-l4", "zone": "us-east1-d"}}
+    results = run_module_tasks(
+        tmp_path,
+        emulator_env(emulator, key_file),
+        [
+            {**vm(state="started", create_if_missing=True), "register": "created"},
+            {**vm(state="started", create_if_missing=True), "register": "again"},
+            {**only_where, "register": "present_bare"},
+            {
+                "forja.gpu.gcp_gpu_instance": {
+                    **only_where["forja.gpu.gcp_gpu_instance"],
+                    "state": "stopped",
+                },
+                "register": "stopped_bare",
+            },
+            {
+                "forja.gpu.gcp_gpu_instance": {"name": "forja-l4-new", "zone": "us-east1-d"},
+                "register": "create_bare",
+            },
+        ],
+    )
+    created = results["created"]
+    assert created["actions"] == ["insert in us-east1-d"] and created["instance"]["status"] == "RUNNING"
+    assert results["again"]["changed"] is False
+    # unset shape options are not compared with the VM: nothing differs, nothing is required
+    assert results["present_bare"]["changed"] is False, results["present_bare"]
+    assert results["stopped_bare"]["actions"] == ["stop"]
+    assert results["stopped_bare"]["instance"]["status"] == "TERMINATED"
+    # but creating needs a machine type (the module states no VM; the role passes its defaults)
+    bare = results["create_bare"]
+    assert bare["failed"] and bare["msg"].startswith("machine_type: required to create the VM"), bare
+    assert [i["name"] for i in emulator.instances(PROJECT)] == ["forja-l4"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_machines import MACHINE_TYPES
-from gcp_helpers import REPO
+from gcp_helpers import REPO, ROLE_VM_OPTIONS
 
 ROLE_DEFAULTS = yaml.safe_load((REPO / "roles/gcp_instance/defaults/main.yml").read_text())
 SITE_VARS = sorted((REPO / "inventory/group_vars").glob("*/*.yml"))
@@ -56,3 +56,45 @@ def test_the_site_group_vars_set_only_what_differs_from_the_role(path, name, val
         f"{path}: {name}={value!r} repeats the gcp_instance role's default; remove it from {path} "
         "(the role's defaults are the one statement of the VM)"
     )
+
+
+def _module_docs() -> tuple[dict, dict]:
+    from ansible_collections.forja.gpu.plugins.modules import gcp_gpu_instance
+
+    return yaml.safe_load(gcp_gpu_instance.DOCUMENTATION)["options"], gcp_gpu_instance.ARGUMENT_SPEC
+
+
+@pytest.mark.parametrize("option", ROLE_VM_OPTIONS)
+def test_the_module_states_no_vm_default_and_the_role_passes_each(option):
+    documented, spec = _module_docs()
+    assert "default" not in documented[option] and "default" not in spec[option], (
+        f"gcp_gpu_instance's {option} has a default: the gcp_instance role's defaults are the one "
+        "statement of the VM"
+    )
+    assert f"gcp_instance_{option}" in ROLE_DEFAULTS
+    role_task = yaml.safe_load((REPO / "roles/gcp_instance/tasks/instance.yml").read_text())[0]
+    assert f"gcp_instance_{option}" in str(role_task["forja.gpu.gcp_gpu_instance"][option])
+
+
+def test_no_module_default_repeats_a_role_default():
+    documented, _spec = _module_docs()
+    repeated = [
+        name
+        for name, doc in documented.items()
+        if doc.get("default") not in (None, [], {}, "", False)
+        and ROLE_DEFAULTS.get(f"gcp_instance_{name}") == doc["default"]
+    ]
+    assert repeated == []
+
+
+def test_the_module_documents_exactly_what_it_accepts():
+    """ansible-doc shows the DOCUMENTATION; the module enforces ARGUMENT_SPEC: they must agree."""
+    documented, spec = _module_docs()
+    from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import AUTH_ARGUMENT_SPEC
+
+    own = {k: v for k, v in spec.items() if k not in AUTH_ARGUMENT_SPEC}
+    assert set(documented) == set(own)
+    for name, entry in own.items():
+        for key in ("type", "default", "choices", "elements"):
+            assert documented[name].get(key) == entry.get(key), (name, key)
+        assert bool(documented[name].get("required")) == bool(entry.get("required")), name

@@ -206,8 +206,10 @@ class Forja:
     Args:
         project_dir: the user's project folder: sent with the trainer by `train()` unless told
             otherwise, and home of fetched results (`<project_dir>/forja-runs/<run id>/<host>/`).
-        inventory: inventory path(s), e.g. "inventory/sandbox" or "inventory/gcp_gpu.yml"; None leaves it
-            to ANSIBLE_INVENTORY, else ansible.cfg's default, which names the choices and stops.
+        inventory: inventory path(s), e.g. "inventory/sandbox" or "inventory/gcp_gpu.yml"; None reads
+            FORJA_INVENTORY as the CLI does (`forja.inventory.chosen`), else ANSIBLE_INVENTORY; with
+            none of them, a call that needs hosts raises ConfigError naming the choices, before
+            anything runs (the history and price lookups need no inventory).
         private_data_dir: ansible-runner's folder; None is <forja home>/runner.
         extravars: variables for every playbook (e.g. GCP settings).
         host_key_checking: verify SSH host keys. On by default; the sandbox and the tests turn it
@@ -234,13 +236,10 @@ class Forja:
         send_project: bool = True,
         follow_window_s: int | None = None,
     ) -> None:
+        from forja import inventory as inventories
+
         self.project_dir = Path(project_dir).expanduser().resolve()
-        if isinstance(inventory, str | Path):
-            self.inventory: str | list[str] | None = str(Path(inventory).expanduser().resolve())
-        elif inventory is not None:
-            self.inventory = [str(Path(i).expanduser().resolve()) for i in inventory]
-        else:
-            self.inventory = None
+        self.inventory: str | list[str] | None = inventories.chosen(inventory)
         self.private_data_dir = Path(private_data_dir).resolve() if private_data_dir else None
         self.extravars = dict(extravars or {})
         self.host_key_checking = host_key_checking
@@ -258,9 +257,11 @@ class Forja:
     def _request(
         self, playbook: str, extravars: Mapping[str, Any] | None = None, timeout_s: int | None = None
     ) -> PlaybookRun:
+        from forja import inventory
+
         return PlaybookRun(
             playbook=playbook,
-            inventory=self.inventory,
+            inventory=inventory.required(self.inventory),
             extravars={**self.extravars, **(extravars or {})},
             limit=self.limit,
             host_key_checking=self.host_key_checking,
@@ -278,27 +279,39 @@ class Forja:
         timeout_s: int | None = None,
         check: bool = True,
     ) -> RunResult:
-        call = _CALL.get()
-        if call is not None and call.forja is not self:
-            call = None  # another Forja's call, made from inside it
+        call = self._call()
         # A call streamed by iter_events owns one token for all its playbooks; a plain call gets
         # one per playbook. Either way it is this call's alone.
         token = call.cancelled if call is not None else threading.Event()
-        listeners = (on_event, call.emit if call is not None else None, self.on_event)
 
         def cancelled() -> bool:
             return token.is_set() or (cancel is not None and cancel.is_set())
+
+        request = self._request(playbook, extravars, timeout_s)
+        with self._tracked(token):
+            result = run_playbook(request, on_event=self._fan_out(on_event), cancel=cancelled)
+        self._raise_if_stopped(result)
+        return result.raise_for_status() if check else result
+
+    def _call(self) -> _Call | None:
+        """The `iter_events` call this thread serves for this object (None: a plain call, or another
+        Forja's call made from inside it)."""
+        call = _CALL.get()
+        return call if call is not None and call.forja is self else None
+
+    def _fan_out(self, on_event: Callable[[ev.Event], None] | None = None) -> Callable[[ev.Event], None]:
+        """What hands an event to every listener of the current call, in order: the method's own
+        `on_event`, the `iter_events` stream serving the call, this object's `on_event`. Playbook
+        events and the API's own (`HostStarting`) take this one path."""
+        call = self._call()
+        listeners = (on_event, call.emit if call is not None else None, self.on_event)
 
         def fan_out(event: ev.Event) -> None:
             for cb in listeners:
                 if cb is not None:
                     cb(event)
 
-        request = self._request(playbook, extravars, timeout_s)
-        with self._tracked(token):
-            result = run_playbook(request, on_event=fan_out, cancel=cancelled)
-        self._raise_if_stopped(result)
-        return result.raise_for_status() if check else result
+        return fan_out
 
     def _raise_if_stopped(self, result: RunResult) -> None:
         """A host that did not answer because its VM is stopped raises `HostStopped` (exit 6),
@@ -349,8 +362,11 @@ class Forja:
         return self._run("provision.yml")
 
     def configure(self) -> list[RunResult]:
-        """GPU stack then Jupyter: playbooks/gpu.yml and playbooks/jupyter.yml."""
-        return [self._run("gpu.yml"), self._run("jupyter.yml")]
+        """GPU stack, Jupyter, then the autostop guard: playbooks/gpu.yml, jupyter.yml and autostop.yml.
+
+        The guard is configured with Jupyter because it watches Jupyter's kernels: a port moved with
+        `-e host_contract_jupyter_port=N` moves the agent too."""
+        return [self._run("gpu.yml"), self._run("jupyter.yml"), self._run("autostop.yml")]
 
     def down(self, delete: bool = False) -> RunResult:
         """Stop (or delete) the GPU host(s): playbooks/teardown.yml."""
@@ -406,6 +422,9 @@ class Forja:
         limit, poll = self._follow_limit(timeout_s), self._poll(poll_s)
         if procs is not None and (isinstance(procs, bool) or not isinstance(procs, int) or procs < 1):
             raise errors.ConfigError("procs", f"{procs!r} is not a number >= 1 (omit it: one per GPU)")
+        from forja import inventory
+
+        inventory.required(self.inventory)  # no hosts named: stop before the history records a run
         self.history.start(
             run_id, name=run_id, config_path=str(plan.record_path), config_hash=_config_hash(plan.record_path)
         )
@@ -680,7 +699,7 @@ class Forja:
         """
         from forja import inventory
 
-        return inventory.hosts(self.inventory, pattern)
+        return inventory.hosts(inventory.required(self.inventory), pattern)
 
     def tunnel(
         self,
@@ -696,12 +715,14 @@ class Forja:
         `host` is an inventory host of forja_gpu (None: the first). Both ends use the port the host's
         Jupyter serves, as the role publishes it (`jupyter()`): Colab needs them equal.
         A stopped VM raises `HostStopped` (exit 6) saying since when and why; `start=True` starts it
-        first (playbooks/provision.yml, as `up()` does).
+        first (playbooks/provision.yml, as `up()` does), announced to the listeners as `HostStarting`.
         """
         from forja import inventory
 
         chosen = self.gpu_host(host)
         if chosen.stopped and start:
+            self._fan_out()(ev.HostStarting(0, host=chosen.name, status=chosen.status or "stopped",
+                                            playbook="provision.yml"))
             self.up()
             chosen = self.gpu_host(host)
         if chosen.stopped:
@@ -774,7 +795,7 @@ class Forja:
         moment = parse_time(now) if now else datetime.now(timezone.utc)
         skipped: list[str] = []
         if instances is None:
-            raw, skipped = inventory.gcp_instances(self.inventory)
+            raw, skipped = inventory.gcp_instances(inventory.required(self.inventory))
         else:
             raw = [dict(i) for i in instances]
         try:

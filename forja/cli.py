@@ -23,7 +23,6 @@ import functools
 import importlib.metadata
 import inspect
 import json
-import os
 import re
 import signal
 import sys
@@ -41,7 +40,7 @@ from typer.core import TyperCommand
 
 from forja import format as fmt
 from forja.api import Forja
-from forja.errors import ConfigError, ExitCode, ForjaError
+from forja.errors import ExitCode, ForjaError
 from trainer.summary import HEADLINE
 
 EXIT_CODES_HELP = (
@@ -108,8 +107,9 @@ def main(
     ctx: typer.Context,
     inventory: Annotated[
         str | None,
-        typer.Option("--inventory", "-i", envvar="FORJA_INVENTORY",
-                     help="inventory/gcp_gpu.yml (Google Cloud) or inventory/sandbox (the local sandbox)."),
+        typer.Option("--inventory", "-i",
+                     help="inventory/gcp_gpu.yml (Google Cloud) or inventory/sandbox (the local sandbox); "
+                          "default: $FORJA_INVENTORY."),
     ] = None,
     limit: Annotated[
         str | None, typer.Option("--limit", "-l", help="Only these hosts (Ansible pattern).")
@@ -141,14 +141,11 @@ def _opts(ctx: typer.Context) -> Options:
     return obj if isinstance(obj, Options) else Options()
 
 
-def _forja(
-    ctx: typer.Context, on_event: Callable[[Any], None] | None = None, *, needs_inventory: bool = True
-) -> Forja:
-    """The API object, built from the global options. A verb that reads the inventory or runs a
-    playbook needs one named (`needs_inventory`); the history (`runs`) and a price lookup do not."""
+def _forja(ctx: typer.Context, on_event: Callable[[Any], None] | None = None) -> Forja:
+    """The API object, built from the global options. Which inventory (-i, else FORJA_INVENTORY) is
+    the API's rule (`forja.inventory.chosen`); a verb that needs hosts and has none named stops
+    there with the choices, before anything runs, while the history and price lookups need none."""
     o = _opts(ctx)
-    if needs_inventory and o.inventory is None and not os.environ.get("ANSIBLE_INVENTORY"):
-        raise _no_inventory()
     return Forja(
         inventory=o.inventory,
         extravars=o.extravars,
@@ -156,24 +153,6 @@ def _forja(
         limit=o.limit,
         on_event=on_event,
     )
-
-
-def _no_inventory() -> ConfigError:
-    """No -i, FORJA_INVENTORY or ANSIBLE_INVENTORY: stop before anything runs, naming the choices that
-    ansible.cfg's default inventory (inventory/choose.yml, their one home) lists."""
-    import configparser
-
-    import yaml
-
-    from forja.runner import REPO_ROOT
-
-    cfg = configparser.ConfigParser(interpolation=None)
-    cfg.read(REPO_ROOT / "ansible.cfg")
-    default = REPO_ROOT / cfg.get("defaults", "inventory", fallback="inventory/choose.yml")
-    choices = (yaml.safe_load(default.read_text()) or {}).get("choices", {}) if default.is_file() else {}
-    named = "; ".join(f"-i {path} ({what})" for path, what in choices.items())
-    return ConfigError("--inventory", f"no inventory chosen. Name one: {named or '-i PATH'}; "
-                                      "or set FORJA_INVENTORY to it")
 
 
 # -- the one error path and the one way to register a verb -------------------------------------
@@ -295,6 +274,10 @@ def _progress(enabled: bool) -> Iterator[Callable[[Any], None] | None]:
                 progress.update(bar("play"), description=event.task)
             elif isinstance(event, ev.Announcement):
                 progress.console.print(f"[cyan]{event.host}[/]: {event.text}")
+            elif isinstance(event, ev.HostStarting):
+                progress.console.print(
+                    f"{event.host} is {event.status}: starting it (playbooks/{event.playbook})"
+                )
             elif isinstance(event, ev.TaskFailed) and not event.ignored:
                 progress.console.print(f"[red]failed[/] {event.host}: {event.task}: {event.message}")
             elif isinstance(event, ev.HostUnreachable):
@@ -598,7 +581,7 @@ def runs(
         bool, typer.Option("--sync", help="First read every run on the hosts (adds runs started elsewhere).")
     ] = False,
 ) -> None:
-    records = _forja(ctx, needs_inventory=sync).runs(limit=limit, status=status_filter, sync=sync)
+    records = _forja(ctx).runs(limit=limit, status=status_filter, sync=sync)
     if _opts(ctx).json:
         _emit_json(records)
         return
@@ -644,10 +627,6 @@ def tunnel(
     ] = False,
 ) -> None:
     o = _opts(ctx)
-    if start and not o.json:
-        target = _forja(ctx).gpu_host(host)
-        if target.stopped:
-            console.print(f"{target.name} is {target.status}: starting it (playbooks/provision.yml)")
     with _progress(start and not o.json) as on_event:
         plan = _forja(ctx, on_event).tunnel(host, local_port, iap=iap, show_token=show_token, start=start)
     if o.json:
@@ -722,7 +701,7 @@ def cost(
     from forja.cost.instances import instances_from_file
 
     given = instances_from_file(instances) if instances is not None else None
-    report = _forja(ctx, needs_inventory=given is None).cost(
+    report = _forja(ctx).cost(
         given, prices=prices, cap=cap, warn=warn, scope=scope, now=now
     )
     if _opts(ctx).json:
@@ -751,7 +730,7 @@ def rate(
         typer.Option("--prices", help="YAML merged over the built-in price table (or $FORJA_PRICES)."),
     ] = None,
 ) -> None:
-    found = _forja(ctx, needs_inventory=False).rate(machine_type, zone, spot=spot, prices=prices)
+    found = _forja(ctx).rate(machine_type, zone, spot=spot, prices=prices)
     if _opts(ctx).json:
         _emit_json({"usd_per_hour": found.usd_per_hour, "basis": found.basis, "what": found.what})
     else:

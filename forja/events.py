@@ -106,6 +106,15 @@ class Announcement(Event):
 
 
 @dataclass(frozen=True)
+class HostStarting(Event):
+    """A stopped VM that the call starts first (`Forja.tunnel(start=True)`), said before its play runs."""
+
+    host: str = ""
+    status: str = ""
+    playbook: str = ""
+
+
+@dataclass(frozen=True)
 class PlaybookFinished(Event):
     """The recap; `artifact_data` is what the roles published with set_stats (the typed contract)."""
 

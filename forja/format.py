@@ -8,49 +8,14 @@ pure and total: None (a figure nobody reported) prints as an empty cell, never a
 
 from __future__ import annotations
 
-import math
+# Loss, money, throughput and duration: their one home is trainer.figures, because the trainer's own
+# log line needs them on a host without forja (the trainer imports nothing of forja; forja may import
+# the trainer's standard-library modules, as it does trainer.summary).
+from trainer.figures import MISSING, duration, loss, money, per_second
+from trainer.figures import as_number as _number
 
-#: What a missing figure prints as in a table.
-MISSING = ""
-
-
-def _number(value: float | int | None) -> float | None:
-    """The value as a finite float, or None for a figure that cannot be shown as a number."""
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(number) else number
-
-
-def loss(value: float | None) -> str:
-    """A loss (or any model metric) to 4 significant digits, trailing zeros kept: `0.008180`, `2.303`."""
-    number = _number(value)
-    if number is None:
-        return MISSING
-    if math.isinf(number):
-        return "inf" if number > 0 else "-inf"
-    return f"{number:#.4g}".rstrip(".")
-
-
-def money(usd: float | None) -> str:
-    """US dollars: whole cents from one cent up (`$0.20`, `$1,234.56`), fractions of a cent below
-    (`0.2¢`, `0.046¢`), so a tiny run's cost is neither `$0.00` nor eighteen digits."""
-    number = _number(usd)
-    if number is None:
-        return MISSING
-    sign = "-" if number < 0 else ""
-    number = abs(number)
-    if number == 0:
-        return "$0.00"
-    if number >= 0.01:
-        return f"{sign}${number:,.2f}"
-    cents = number * 100
-    if cents < 0.001:
-        return f"{sign}<0.001¢"
-    return f"{sign}{cents:.2g}¢"
+__all__ = ["MISSING", "SUMMARY_FORMATS", "count", "duration", "field", "hourly", "loss", "money",
+           "per_second", "percent", "timestamp"]
 
 
 def hourly(usd_per_hour: float | None) -> str:
@@ -61,39 +26,6 @@ def hourly(usd_per_hour: float | None) -> str:
     if number == 0 or abs(number) >= 0.01:
         return f"${number:,.2f}/h"
     return f"${number:.2g}/h"
-
-
-def per_second(value: float | None, unit: str) -> str:
-    """A throughput with its unit: `3.2 steps/s`, `1,250 samples/s` (3 significant digits, whole
-    numbers from 1000 up)."""
-    number = _number(value)
-    if number is None:
-        return MISSING
-    if abs(number) >= 1000:
-        return f"{number:,.0f} {unit}/s"
-    return f"{number:.3g} {unit}/s"
-
-
-def duration(seconds: float | None) -> str:
-    """Elapsed time: `0.4 s`, `3 s` (whole, as a --timeout is given), `42 s`, `3m 07s`, `2h 05m`, `3d 04h`."""
-    number = _number(seconds)
-    if number is None or number < 0:
-        return MISSING
-    if math.isinf(number):
-        return "forever"
-    if number < 10 and not number.is_integer():
-        return f"{number:.1f} s"
-    whole = round(number)
-    if whole < 60:
-        return f"{whole} s"
-    minutes, secs = divmod(whole, 60)
-    if minutes < 60:
-        return f"{minutes}m {secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 24:
-        return f"{hours}h {minutes:02d}m"
-    days, hours = divmod(hours, 24)
-    return f"{days}d {hours:02d}h"
 
 
 def percent(fraction: float | None) -> str:

@@ -137,13 +137,27 @@ class History:
         config_hash: str | None = None,
         artifact_dir: str | None = None,
     ) -> RunRecord:
-        """Record a run that is about to start (status "running")."""
+        """Record a run that is about to start (status "running").
+
+        An id already in the history is either the same run sent again while it has not ended (it
+        keeps its first start) or, once that run has ended, a new run under the same name: it
+        starts now, and the old run's results, preemptions and end are cleared from the row.
+        """
         with self._lock, self._connect() as db:
-            db.execute(
-                "INSERT INTO runs (run_id, name, hosts, config_path, config_hash, status, started_at,"
-                " artifact_dir) VALUES (?, ?, ?, ?, ?, 'running', ?, ?)",
-                (run_id, name, json.dumps(list(hosts)), config_path, config_hash, now(), artifact_dir),
-            )
+            row = db.execute("SELECT ended_at FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            if row is not None and row["ended_at"] is None:  # the same run again: its first start stands
+                db.execute(
+                    "UPDATE runs SET name = ?, hosts = ?, config_path = ?, config_hash = ?,"
+                    " status = 'running', artifact_dir = ? WHERE run_id = ?",
+                    (name, json.dumps(list(hosts)), config_path, config_hash, artifact_dir, run_id),
+                )
+            else:
+                db.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))  # an ended run: a new one now
+                db.execute(
+                    "INSERT INTO runs (run_id, name, hosts, config_path, config_hash, status, started_at,"
+                    " artifact_dir) VALUES (?, ?, ?, ?, ?, 'running', ?, ?)",
+                    (run_id, name, json.dumps(list(hosts)), config_path, config_hash, now(), artifact_dir),
+                )
             db.execute(
                 "INSERT INTO run_events (run_id, time, kind, data) VALUES (?, ?, 'started', '{}')",
                 (run_id, now()),
@@ -194,14 +208,22 @@ class History:
         """Add or bring up to date a run as its rank-0 host reports it; True when a row changed.
 
         A run missing from the history (started by site.yml or another controller) is added with
-        the host's setup time as its start. A known run only takes the host's status when that is
-        final (a "running" host never overwrites what forja decided, e.g. "cancelled").
+        the host's setup time as its start. A known run keeps its first start and only takes the
+        host's status when that is final (a "running" host never overwrites what forja decided,
+        e.g. "cancelled"). A host that set the run up after the recorded run ended holds a new run
+        under the same name: it replaces the row, starting at the host's setup time.
         """
         fields: dict[str, Any] = {"status": state.status if state.status in STATUSES else "unknown"}
         fields.update(summary_fields(state.summary or {}))
         try:
             record = self.get(state.run)
         except RunNotFound:
+            record = None
+        if record is not None and _set_up_after(state, record.ended_at):
+            with self._lock, self._connect() as db:
+                db.execute("DELETE FROM runs WHERE run_id = ?", (state.run,))
+            record = None
+        if record is None:
             with self._lock, self._connect() as db:
                 db.execute(
                     "INSERT OR IGNORE INTO runs (run_id, name, hosts, config_path, status, started_at,"
@@ -265,6 +287,21 @@ class History:
         with self._connect() as db:
             rows = db.execute(query, args).fetchall()
         return [_record(r) for r in rows]
+
+
+def _set_up_after(state: runstate.RunState, ended_at: str | None) -> bool:
+    """Whether the host set this run up after the recorded run with its name ended (a new run)."""
+    if not ended_at or not state.configured_at:
+        return False
+    try:
+        return _instant(state.configured_at) > _instant(ended_at)
+    except ValueError:
+        return False
+
+
+def _instant(iso: str) -> datetime:
+    moment = datetime.fromisoformat(iso.replace("Z", "+00:00"))
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
 def summary_fields(summary: Mapping[str, Any]) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from forja import errors
+from forja import format as fmt
 
 #: The key ansible-core's legacy inventory JSON profile wraps untrusted values in.
 UNSAFE_MARKER = "__ansible_unsafe"
@@ -38,6 +39,53 @@ STOPPED_STATUSES = frozenset({"STOPPING", "STOPPED", "SUSPENDING", "SUSPENDED", 
 STOP_REASON_ATTRIBUTE = "forja/autostop"
 
 Inventory = str | Path | Sequence[str | Path] | None
+#: What names the inventory when none is given: the CLI's `-i` and `Forja(inventory=)` alike.
+INVENTORY_ENV = "FORJA_INVENTORY"
+
+
+def chosen(inventory: Inventory = None) -> str | list[str] | None:
+    """The inventory a command acts on, as absolute paths: the one given, else $FORJA_INVENTORY.
+
+    The one rule for the CLI and the API, so `forja -i X`, `FORJA_INVENTORY=X forja` and
+    `Forja(inventory=X)` act on the same hosts. None when neither names one (see `required`).
+    """
+    if inventory is None:
+        inventory = os.environ.get(INVENTORY_ENV) or None
+    if inventory is None:
+        return None
+    if isinstance(inventory, str | Path):
+        return str(Path(inventory).expanduser().resolve())
+    return [str(Path(i).expanduser().resolve()) for i in inventory]
+
+
+def required(inventory: str | list[str] | None) -> str | list[str] | None:
+    """`inventory` (from `chosen`), or the "choose an inventory" error when nothing names one.
+
+    Asked before a playbook runs or the inventory is read, so a command that forgot `-i` stops
+    with the choices instead of a play error. Ansible's own ANSIBLE_INVENTORY also counts (None
+    is then passed on and Ansible reads it); ansible.cfg's default does not: it only names the choices.
+    """
+    if inventory is None and not os.environ.get("ANSIBLE_INVENTORY"):
+        raise not_chosen()
+    return inventory
+
+
+def not_chosen() -> errors.ConfigError:
+    """No -i, FORJA_INVENTORY or ANSIBLE_INVENTORY: the error naming the choices that ansible.cfg's
+    default inventory (inventory/choose.yml, their one home) lists."""
+    import configparser
+
+    import yaml
+
+    from forja.runner import REPO_ROOT
+
+    cfg = configparser.ConfigParser(interpolation=None)
+    cfg.read(REPO_ROOT / "ansible.cfg")
+    default = REPO_ROOT / cfg.get("defaults", "inventory", fallback="inventory/choose.yml")
+    choices = (yaml.safe_load(default.read_text()) or {}).get("choices", {}) if default.is_file() else {}
+    named = "; ".join(f"-i {path} ({what})" for path, what in choices.items())
+    return errors.ConfigError("inventory", f"no inventory chosen. Name one: {named or '-i PATH'}; "
+                                           f"or set {INVENTORY_ENV} to it")
 
 
 def plain(value: Any) -> Any:
@@ -207,10 +255,5 @@ def stop_reason(host: InventoryHost) -> str | None:
 
 
 def _ago(seconds: float) -> str:
-    if seconds < 90:
-        return f"{max(0, round(seconds))} s ago"
-    if seconds < 90 * 60:
-        return f"{round(seconds / 60)} min ago"
-    if seconds < 48 * 3600:
-        return f"{seconds / 3600:.1f} h ago"
-    return f"{seconds / 86400:.1f} days ago"
+    """How long ago, as forja shows a duration (`30m 00s ago`, `1h 30m ago`, `2d 07h ago`)."""
+    return f"{fmt.duration(max(0.0, seconds))} ago"

@@ -12,12 +12,13 @@ import json
 import logging
 import time
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import psutil
 import torch
+
+from trainer import figures
 
 log = logging.getLogger(__name__)
 
@@ -126,21 +127,23 @@ def cost_usd(wall_s: float, price_per_hour: float) -> float:
 
 
 def progress_line(record: dict[str, Any], total_steps: int, eta_s: float | None) -> str:
-    """``step 120/400 | loss 0.3120 | lr 1.80e-03 | 11,234 samples/s | ...`` for a person to read."""
+    """``step 120/400 | loss 0.3120 | lr 1.80e-03 | 11,234 samples/s | ... | 1.2¢ | eta 1m 10s`` for a
+    person to read, figures as `trainer.figures` (and so `forja`) shows them; metrics.jsonl keeps
+    every digit."""
     parts = [
         f"step {record['step']}/{total_steps}",
-        f"loss {record['loss']:.4f}",
+        f"loss {figures.loss(record['loss'])}",
         f"lr {record['lr']:.2e}",
-        f"{record['samples_per_s']:,.0f} samples/s",
+        figures.per_second(record["samples_per_s"], "samples"),
         f"data wait {100.0 * record['data_wait_s'] / max(record['step_time_s'], 1e-9):.0f}%",
     ]
     if record.get("gpu_mem_gb") is not None:
         util = record.get("gpu_util")
         parts.append(f"gpu {record['gpu_mem_gb']:.1f} GB" + (f" {util:.0f}%" if util is not None else ""))
     parts.append(f"cpu {record['cpu_util']:.0f}%")
-    parts.append(f"${record['cost_usd']:.4f}")
+    parts.append(figures.money(record["cost_usd"]))
     if eta_s is not None:
-        parts.append(f"eta {timedelta(seconds=round(eta_s))}")
+        parts.append(f"eta {figures.duration(eta_s)}")
     return " | ".join(parts)
 
 

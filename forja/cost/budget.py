@@ -2,7 +2,9 @@
 
 The controller side (this module) judges spend computed from the cloud's timestamps; the host
 side (the autostop agent) enforces the same rule from its own uptime, because a VM that runs
-away overnight has no controller watching it. Both use the same levels and wording.
+away overnight has no controller watching it. Both use the same levels and wording. The figures
+in a message are for people (`forja.format`: `0.4¢`, `$1.20`, `$0.85/h`, `10h 00m`); `spend_usd`,
+`cap_usd` and `hours_left` keep every digit for --json.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import dataclasses
 import enum
 from collections.abc import Iterable
 
+from forja import format as fmt
 from forja.cost.spend import CostLine
 
 
@@ -52,18 +55,18 @@ def check(budget: Budget, spend_usd: float, usd_per_hour: float = 0.0) -> Budget
     hours_left = max(0.0, left / usd_per_hour) if usd_per_hour > 0 else None
     if spend_usd >= budget.cap_usd:
         level = Level.CAP
-        message = f"spend cap ${budget.cap_usd:.2f} reached (spent ${spend_usd:.2f})"
+        message = f"spend cap {fmt.money(budget.cap_usd)} reached (spent {fmt.money(spend_usd)})"
     elif spend_usd >= budget.warn_fraction * budget.cap_usd:
         level = Level.WARN
         message = (
-            f"spent ${spend_usd:.2f} of the ${budget.cap_usd:.2f} cap "
+            f"spent {fmt.money(spend_usd)} of the {fmt.money(budget.cap_usd)} cap "
             f"({spend_usd / budget.cap_usd:.0%}, warning at {budget.warn_fraction:.0%})"
         )
     else:
         level = Level.OK
-        message = f"spent ${spend_usd:.2f} of the ${budget.cap_usd:.2f} cap"
+        message = f"spent {fmt.money(spend_usd)} of the {fmt.money(budget.cap_usd)} cap"
     if hours_left is not None and level is not Level.CAP:
-        message += f"; {hours_left:.1f} h of running left at ${usd_per_hour:.4f}/h"
+        message += f"; {fmt.duration(hours_left * 3600)} of running left at {fmt.hourly(usd_per_hour)}"
     return BudgetCheck(level, round(spend_usd, 6), budget.cap_usd, hours_left, message)
 
 

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,49 @@ def test_the_record_command_refuses_a_document_without_the_state_schema(tmp_path
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
     assert proc.returncode == 2 and "forja_train_state" in proc.stderr
 
+
+
+# --- One id, one run or two: when a run started ------------------------------------------------------
+#: The host set the run up long before this test ran (host_state's configured_at).
+SET_UP = "2026-11-20T08:00:00+00:00"
+
+
+def later_than_now(hours: int = 1) -> str:
+    return (datetime.now(timezone.utc) + timedelta(hours=hours)).isoformat(timespec="seconds")
+
+
+def test_sending_a_run_again_before_it_ended_keeps_its_first_start(history: History) -> None:
+    history.record_host_run(host_state(status="running", summary=None), hosts=["th6"])
+    again = history.start("digits", name="digits", hosts=["th6"], config_path="/c/digits.yaml")
+    assert again.started_at == SET_UP and again.status == "running"
+    assert [e.kind for e in history.events("digits")] == ["discovered", "started"]
+
+
+def test_a_new_run_under_the_name_of_an_ended_one_starts_now_with_no_old_results(history: History) -> None:
+    history.record_host_run(host_state(), hosts=["th6"])
+    history.record_event("digits", "preempted", lost_steps=7)
+    new = history.start("digits", name="digits", hosts=["th6"])
+    assert new.started_at > SET_UP and new.started_at[:10] == datetime.now(timezone.utc).date().isoformat()
+    assert (new.status, new.ended_at) == ("running", None)
+    assert (new.steps, new.last_loss, new.cost_usd) == (None, None, None)
+    assert (new.preemptions, new.lost_steps) == (0, 0)
+
+
+def test_the_host_reporting_a_forja_run_keeps_the_start_forja_recorded(history: History) -> None:
+    """forja records the start before the play; the host sets the run up later: still the same run."""
+    started = history.start("digits", name="digits", hosts=["th6"]).started_at
+    assert history.record_host_run(host_state(configured_at=later_than_now()), hosts=["th6"])
+    record = history.get("digits")
+    assert record.started_at == started and (record.status, record.steps) == ("completed", 300)
+
+
+def test_a_run_the_host_set_up_after_the_recorded_one_ended_is_a_new_run(history: History) -> None:
+    history.record_host_run(host_state(), hosts=["th6"])
+    history.update("digits", ended_at="2026-11-20T09:00:00+00:00")
+    set_up_again = "2026-11-21T08:00:00+00:00"
+    new = host_state(configured_at=set_up_again, summary={"steps": 10, "final_loss": 1.5, "cost_usd": 0.001})
+    assert history.record_host_run(new, hosts=["th7"])
+    record = history.get("digits")
+    assert (record.started_at, record.steps, record.last_loss) == (set_up_again, 10, 1.5)
+    assert record.hosts == ["th7"] and record.ended_at is not None
+    assert not history.record_host_run(new, hosts=["th7"]), "the same report again is the same run"

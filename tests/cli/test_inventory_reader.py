@@ -216,7 +216,7 @@ def test_parse_keeps_inventory_variables_and_drops_cached_facts() -> None:
     ("stopped_at", "why", "expected"),
     [
         ("2026-11-24T06:00:00.000-08:00", None,
-         "host vm is stopped (status TERMINATED since 2026-11-24 14:00 UTC, 30 min ago). "
+         "host vm is stopped (status TERMINATED since 2026-11-24 14:00 UTC, 30m 00s ago). "
          "Start it with `forja up` (or `forja tunnel --start`)."),
         (None, "idle for 1800 s",
          "host vm is stopped (status TERMINATED); autostop stopped it (idle for 1800 s). "

@@ -26,8 +26,22 @@ def test_levels_against_a_50_dollar_cap_warning_at_80_percent(spend, level):
 def test_hours_left_at_the_current_rate():
     result = check(Budget(50, 0.8), spend_usd=41.464, usd_per_hour=0.8536)
     assert result.hours_left == pytest.approx(10.0)
-    assert "10.0 h of running left" in result.message
-    assert "warning at 80%" in result.message
+    assert result.message == (
+        "spent $41.46 of the $50.00 cap (83%, warning at 80%); 10h 00m of running left at $0.85/h"
+    )
+
+
+def test_a_short_run_s_spend_reads_in_fractions_of_a_cent_while_the_figures_keep_their_digits():
+    result = check(Budget(0.01, 0.1), spend_usd=0.0019884954039891124, usd_per_hour=0.0042)
+    assert result.message == (
+        "spent 0.2¢ of the $0.01 cap (20%, warning at 10%); 1h 54m of running left at $0.0042/h"
+    )
+    assert result.spend_usd == 0.001988
+    assert result.hours_left == pytest.approx((0.01 - 0.0019884954039891124) / 0.0042)
+
+
+def test_a_reached_cap_says_what_was_spent():
+    assert check(Budget(3), 3.2712).message == "spend cap $3.00 reached (spent $3.27)"
 
 
 @pytest.mark.parametrize(

@@ -121,3 +121,30 @@ def test_a_summary_field_is_shown_by_what_it_means(name: str, value: object, sho
 def test_a_timestamp_is_shown_to_the_minute() -> None:
     assert fmt.timestamp("2026-11-24T11:10:21.123456+00:00") == "2026-11-24 11:10"
     assert fmt.timestamp(None) == ""
+
+
+# --- One home for the rules the trainer's log line shares ---------------------------------------------
+
+
+def test_the_trainer_s_log_line_and_forja_use_one_set_of_rules() -> None:
+    """The trainer cannot import forja; forja takes the rules from the trainer's module instead of a copy."""
+    from trainer import figures
+
+    for name in ("loss", "money", "per_second", "duration", "MISSING"):
+        assert getattr(fmt, name) is getattr(figures, name), name
+
+
+def test_the_trainer_s_figures_need_only_the_standard_library() -> None:
+    """forja imports trainer.figures from the product install, where torch and the trainer's pins
+    are absent."""
+    import ast
+    import sys
+    from pathlib import Path
+
+    source = Path(__file__).resolve().parents[2] / "trainer" / "figures.py"
+    tree = ast.parse(source.read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module}
+    assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported

@@ -185,7 +185,7 @@ def product_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel of this checkout, built from a copy of its Python sources (the checkout stays clean)."""
     src = tmp_path_factory.mktemp("src")
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for name in ("forja", "forja_sandbox", "trainer"):
+    for name in ("forja", "forja_sandbox", "trainer", "requirements"):
         shutil.copytree(REPO / name, src / name, ignore=ignore)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(REPO / name, src / name)

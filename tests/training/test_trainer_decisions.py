@@ -74,8 +74,18 @@ def test_progress_line_reads_like_a_sentence() -> None:
     line = progress_line(record, 400, 70)
     assert line == (
         "step 120/400 | loss 0.3120 | lr 1.80e-03 | 11,234 samples/s | data wait 2% | gpu 9.1 GB 97% | "
-        "cpu 35% | $0.0120 | eta 0:01:10"
+        "cpu 35% | $0.01 | eta 1m 10s"
     )
+
+
+def test_progress_line_shows_a_short_run_s_figures_for_people() -> None:
+    """A first step on the CPU: a loss to 4 significant digits, a fraction of a cent, hours of eta."""
+    record = {"step": 1, "loss": 2.302585092994046, "lr": 3e-4, "samples_per_s": 42.71828,
+              "step_time_s": 0.5, "data_wait_s": 0.25, "gpu_mem_gb": None, "cpu_util": 99.4,
+              "cost_usd": 0.0019884954039891124}
+    line = progress_line(record, 12_000, 7_530.6)
+    assert line == ("step 1/12000 | loss 2.303 | lr 3.00e-04 | 42.7 samples/s | data wait 50% | cpu 99% | "
+                    "0.2¢ | eta 2h 05m")
 
 
 def test_checkpoints_on_timer_and_epoch_ends_carry_the_resolved_config(tmp_path: Path) -> None:

@@ -112,7 +112,7 @@ def test_the_maximum_runtime_stops_even_a_busy_vm():
     busy = ["training unit forja-train@r1.service running"]
     record, _ = agent.decide(config(max_runtime_hours=2), seen(busy=busy), state(), BOOT, 2 * 3600 + 5, NOW)
     assert record["decision"] == "stop"
-    assert record["reasons"] == ["maximum runtime 2 h reached (up 2.00 h)", *busy]
+    assert record["reasons"] == ["maximum runtime 2h 00m reached (up 2h 00m)", *busy]
 
 
 def test_the_spend_cap_warns_then_stops():
@@ -124,7 +124,14 @@ def test_the_spend_cap_warns_then_stops():
     assert "raise autostop_spend_cap_usd" in new["warning"]
     record, _ = agent.decide(cfg, seen(busy=busy), state(prior_boots_usd=7.0), BOOT, 3600 * 3, NOW)
     assert record["decision"] == "stop"
-    assert record["reasons"][0] == "spend cap $10.00 reached (spent $10.00 at $1.0000/h)"
+    assert record["reasons"][0] == "spend cap $10.00 reached (spent $10.00 at $1.00/h)"
+
+
+def test_a_tiny_budget_is_told_in_fractions_of_a_cent():
+    """Figures for people (trainer/figures.py, installed beside the agent): not `$0.00` of `$0.01`."""
+    cfg = config(hourly_rate_usd=0.0042, spend_cap_usd=0.01, spend_warn_fraction=0.5)
+    record, _ = agent.decide(cfg, seen(), state(), BOOT, 3600 * 1.5, NOW)
+    assert record["reasons"][0].startswith("budget warning: spent 0.63¢ of the $0.01 cap (63%)"), record
 
 
 def test_host_spend_matches_the_controllers_computation():

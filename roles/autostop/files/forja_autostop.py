@@ -48,6 +48,11 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+# Numbers for people, the rules forja and the trainer print with (trainer/figures.py, installed
+# beside this script as forja_figures.py by the role): one home for them, stdlib only.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import forja_figures as figures  # noqa: E402
+
 DEFAULTS: dict[str, Any] = {
     "idle_minutes": 30.0,
     "boot_grace_minutes": 10.0,
@@ -456,17 +461,19 @@ def decide(
     if cap > 0 and config["hourly_rate_usd"] > 0:
         if spend >= cap:
             stops.append(
-                f"spend cap ${cap:.2f} reached (spent ${spend:.2f} at ${config['hourly_rate_usd']:.4f}/h)"
+                f"spend cap {figures.money(cap)} reached (spent {figures.money(spend)} at "
+                f"{figures.money(config['hourly_rate_usd'])}/h)"
             )
         elif spend >= config["spend_warn_fraction"] * cap:
             warning = (
-                f"spent ${spend:.2f} of the ${cap:.2f} cap ({spend / cap:.0%}); the VM stops at the cap: "
+                f"spent {figures.money(spend)} of the {figures.money(cap)} cap ({spend / cap:.0%}); "
+                "the VM stops at the cap: "
                 "raise autostop_spend_cap_usd to keep going"
             )
             reasons.append(f"budget warning: {warning}")
     max_s = config["max_runtime_hours"] * 3600
     if max_s > 0 and uptime >= max_s:
-        stops.append(f"maximum runtime {config['max_runtime_hours']:g} h reached (up {uptime / 3600:.2f} h)")
+        stops.append(f"maximum runtime {figures.duration(max_s)} reached (up {figures.duration(uptime)})")
     state["warning"] = warning
     if seen["busy"]:
         state["idle_since"] = now

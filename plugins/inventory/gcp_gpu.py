@@ -4,6 +4,11 @@
 
 from __future__ import annotations
 
+import difflib
+import hashlib
+import json
+from collections.abc import Iterable
+
 from ansible.errors import AnsibleParserError
 from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable, Constructable
 from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import (
@@ -37,7 +42,13 @@ description:
   - Never silently empty. Authentication, permission, unknown-project (404) and network errors fail with
     a message naming the project and the cause. Make Ansible treat that as fatal with
     C(ANSIBLE_INVENTORY_UNPARSED_FAILED=true) (forja's C(ansible.cfg) should set it).
-  - The configuration file name must end in C(gcp_gpu.yml) or C(gcp_gpu.yaml).
+  - The configuration file name must end in C(gcp_gpu.yml) or C(gcp_gpu.yaml). An option this plugin does
+    not have (C(zone) for O(zones), C(credential_file)) is an error naming the closest option, never
+    silently ignored, because a misspelt filter would widen the inventory to VMs nobody meant.
+  - When a source puts no VM into O(managed_group), it publishes what it listed as the variable
+    C(gcp_gpu_searched) of the C(all) group (which the controller's C(localhost) sees too), one entry per
+    project, with C(source), C(project), C(zones), C(all_zones), C(filter) and C(summary), a sentence
+    naming them. forja's C(playbooks/require_hosts.yml) quotes it when a play finds no host.
 version_added: "0.1.0"
 author: forja contributors
 extends_documentation_fragment:
@@ -70,6 +81,14 @@ options:
     description: Only VMs with all these labels (sent to the server as C(labels.KEY = VALUE) filters).
     type: dict
     default: {}
+  managed_only:
+    description:
+      - Only VMs carrying O(managed_label), filtered on the server like O(labels).
+      - With no O(zones) this lists every zone of the project in one C(aggregatedList) call per 500 VMs,
+        so a VM that a stock-out moved to a fallback zone (or that C(-e gcp_instance_zone=...) put
+        anywhere else) is still found, without this file repeating the zones.
+    type: bool
+    default: false
   managed_label:
     description: The label (key and value) that puts a VM into O(managed_group).
     type: dict
@@ -112,9 +131,13 @@ options:
 """
 
 EXAMPLES = r"""
-# Smallest useful config (inventory/gcp_gpu.yml); project and key from FORJA_GCP_PROJECT and
-# FORJA_GCP_CREDENTIALS_FILE.
+# Smallest useful config; project and key from FORJA_GCP_PROJECT and FORJA_GCP_CREDENTIALS_FILE.
 plugin: forja.gpu.gcp_gpu
+
+---
+# forja's VMs in every zone of the project (inventory/gcp_gpu.yml): wherever a stock-out put them.
+plugin: forja.gpu.gcp_gpu
+managed_only: true
 
 ---
 # One project, one zone, only running VMs, cached for ten minutes.
@@ -149,6 +172,41 @@ keyed_groups:
 """
 
 HOSTNAME_SOURCES = ("name", "public_ip", "private_ip")
+#: The all-group variable that says what each gcp_gpu source listed (read by playbooks/require_hosts.yml).
+SEARCHED_VAR = "gcp_gpu_searched"
+#: Bumped when the cached form changes; an entry of another version is a cache miss.
+CACHE_VERSION = 2
+
+
+def unknown_options(given: Iterable[str], known: Iterable[str]) -> list[str]:
+    """One message per option of the file that the plugin does not have, naming the closest one.
+
+    Ansible ignores unknown keys of a plugin's configuration; a misspelt ``zones`` or ``filters``
+    would silently widen the inventory, a misspelt ``credentials_file`` end in "no credentials".
+    """
+    names = sorted(set(known))
+    problems = []
+    for key in sorted(set(map(str, given)) - set(names)):
+        close = difflib.get_close_matches(key, names, n=1)
+        hint = f"did you mean '{close[0]}'?" if close else f"the options are: {', '.join(names)}"
+        problems.append(f"'{key}' is not an option of forja.gpu.gcp_gpu; {hint}")
+    return problems
+
+
+def searched(source: str, project: str, zones: list[str], all_zones: bool, filter_expr: str | None) -> dict:
+    """What one listing looked at, with a sentence for a message that says where a VM was not found."""
+    where = f"every zone ({len(zones)}: {', '.join(zones)})" if all_zones else f"zones {', '.join(zones)}"
+    summary = f"{source} listed project '{project}' in {where}"
+    if filter_expr:
+        summary += f" with filter {filter_expr}"
+    return {
+        "source": source,
+        "project": project,
+        "zones": zones,
+        "all_zones": all_zones,
+        "filter": filter_expr or "",
+        "summary": summary,
+    }
 
 
 def sanitize(text: str) -> str:
@@ -192,6 +250,17 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
     def verify_file(self, path: str) -> bool:
         return super().verify_file(path) and path.endswith(("gcp_gpu.yml", "gcp_gpu.yaml"))
 
+    def _read_config_data(self, path):
+        """The base reader, then: every key of the file must be an option (with a "did you mean")."""
+        config = super()._read_config_data(path)
+        problems = unknown_options(config, self._options)
+        if problems:
+            raise AnsibleParserError(f"{path}: " + "; ".join(problems))
+        self._config_digest = hashlib.sha256(
+            json.dumps(config, sort_keys=True, default=str).encode()
+        ).hexdigest()
+        return config
+
     def parse(self, inventory, loader, path, cache=True):
         super().parse(inventory, loader, path, cache)
         self._read_config_data(path)
@@ -208,17 +277,41 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         cache_key = self.get_cache_key(path)
         use_cache = self.get_option("cache") and cache
         update_cache = self.get_option("cache") and not cache
-        records = None
+        entry = None
         if use_cache:
             try:
-                records = self._cache[cache_key]
+                entry = self._cache[cache_key]
             except KeyError:
                 update_cache = True
-        if records is None:
-            records = self._list_records()
-        self._populate(records)
+            # An entry from an older forja, or from this file before it was edited, is a miss.
+            if entry is not None and not (
+                isinstance(entry, dict)
+                and entry.get("version") == CACHE_VERSION
+                and entry.get("config") == self._config_digest
+            ):
+                entry, update_cache = None, True
+        if entry is None:
+            records, looked_at = self._list_records(path)
+            entry = {
+                "version": CACHE_VERSION,
+                "config": self._config_digest,
+                "records": records,
+                "searched": looked_at,
+            }
+        if not self._populate(entry["records"]):
+            self._publish_searched(entry["searched"])
         if update_cache:
-            self._cache[cache_key] = records
+            self._cache[cache_key] = entry
+
+    def _publish_searched(self, looked_at: list[dict]) -> None:
+        """Add this source's listings to the all-group variable (several sources add up).
+
+        Only from a source that found no managed VM: that is when a play has no host and says where
+        the inventory looked. An all-group variable reaches every host's variables, so publishing it
+        always would grow every host's record (and `ansible-inventory --list`) for nothing.
+        """
+        before = self.inventory.groups["all"].vars.get(SEARCHED_VAR) or []
+        self.inventory.set_variable("all", SEARCHED_VAR, [*before, *looked_at])
 
     def _projects(self) -> list[str]:
         projects = list(self.get_option("projects") or [])
@@ -232,8 +325,8 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             )
         return projects
 
-    def _list_records(self) -> list[dict]:
-        """One client (one token, one HTTP session) for every project of this run."""
+    def _list_records(self, source: str) -> tuple[list[dict], list[dict]]:
+        """The VMs' records and what was looked at; one client (one token, one HTTP session) for all."""
         client = GcpClient(
             GcpConfig(
                 api_url=self.get_option("api_url"),
@@ -246,17 +339,25 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             )
         )
         zones = list(self.get_option("zones") or [])
-        filter_expr = build_filter(self.get_option("filters") or [], self.get_option("labels") or {})
+        labels = dict(self.get_option("labels") or {})
+        if self.get_option("managed_only"):
+            labels.update({k: str(v) for k, v in (self.get_option("managed_label") or {}).items()})
+        filter_expr = build_filter(self.get_option("filters") or [], labels)
         size = max(1, min(500, int(self.get_option("max_results"))))
         preference = tuple(self.get_option("ansible_host_preference"))
         expose = bool(self.get_option("expose_metadata"))
         records: list[dict] = []
+        looked_at: list[dict] = []
         for project in self._projects():
             try:
                 if len(zones) == 1:
                     instances = client.zone_instances(project, zones[0], filter_expr, size)
+                    looked_at.append(searched(source, project, zones, False, filter_expr))
                 else:
                     instances, listed = client.aggregated_instances_and_zones(project, filter_expr, size)
+                    looked_at.append(
+                        searched(source, project, zones or sorted(listed), not zones, filter_expr)
+                    )
                     if zones:
                         instances = [i for i in instances if short_name(i.get("zone")) in zones]
                         for zone in sorted(set(zones) - listed):
@@ -277,7 +378,7 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
                     found.update(self._guest_attributes(client, record, path))
                 if found:
                     record["guest_attributes"] = found
-        return records
+        return records, looked_at
 
     def _guest_attributes(self, client: GcpClient, record: dict, path: str) -> dict[str, str]:
         """What the stopped VM left under a namespace (e.g. autostop's reason); nothing when unset.
@@ -287,15 +388,18 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         """
         link = f"projects/{record['project']}/zones/{record['zone']}/instances/{record['instance_name']}"
         try:
-            found = client.request("GET", f"{link}/getGuestAttributes", params={"queryPath": path},
-                                   allow_404=True)
+            found = client.request(
+                "GET", f"{link}/getGuestAttributes", params={"queryPath": path}, allow_404=True
+            )
         except GcpError as exc:
             self.display.vvv(f"gcp_gpu: guest attributes of {record['instance_name']}: {exc.message}")
             return {}
         items = ((found or {}).get("queryValue") or {}).get("items") or []
         return {f"{i.get('namespace')}/{i.get('key')}": str(i.get("value", "")) for i in items}
 
-    def _populate(self, records: list[dict]) -> None:
+    def _populate(self, records: list[dict]) -> int:
+        """Add the hosts, their variables and groups; return how many joined the managed group."""
+        managed_count = 0
         strict = self.get_option("strict")
         managed = self.get_option("managed_label") or {}
         managed_group = self.inventory.add_group(self.get_option("managed_group"))
@@ -310,6 +414,7 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             labels = record.get("labels") or {}
             if managed and all(labels.get(k) == str(v) for k, v in managed.items()):
                 self.inventory.add_child(managed_group, hostname)
+                managed_count += 1
             gpu_group = self.inventory.add_group(f"gpu_{sanitize(record.get('gpu_type') or 'none')}")
             self.inventory.add_child(gpu_group, hostname)
             status_group = self.inventory.add_group(f"status_{sanitize(record.get('status') or 'unknown')}")
@@ -317,3 +422,4 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             self._set_composite_vars(self.get_option("compose"), record, hostname, strict=strict)
             self._add_host_to_composed_groups(self.get_option("groups"), record, hostname, strict=strict)
             self._add_host_to_keyed_groups(self.get_option("keyed_groups"), record, hostname, strict=strict)
+        return managed_count

@@ -120,19 +120,20 @@ def test_a_script_needs_a_project_to_travel_with(tmp_path: Path) -> None:
     assert info.value.field == "script" and "--project" in info.value.message
 
 
-def test_detach_exits_zero_and_prints_the_run_id_named_after_the_script(
+def test_detach_on_an_inventory_without_gpu_hosts_fails_and_records_the_run_named_after_the_script(
     home: Path, project: Path, tmp_path: Path
 ) -> None:
-    # No GPU host in this inventory: the play starts nothing, and --detach returns what it started.
+    # No GPU host in this inventory: playbooks/require_hosts.yml stops train.yml (Ansible alone
+    # skipped the play, exited 0, and the run read as started).
     inventory = tmp_path / "inv.yml"
     inventory.write_text(yaml.safe_dump({"all": {"children": {"forja_gpu": {"hosts": {}}}}}))
     result = runner.invoke(app, ["-i", str(inventory), "--json", "train", "--script", "train.py",
                                  "--project", str(project), "--detach", "--", "--lr", "3e-4"])
-    assert result.exit_code == 0, result.output
-    out = json.loads(result.stdout)
-    assert out["run_id"].startswith("train-") and out["detached"] == "detach" and out["status"] == "running"
+    assert result.exit_code == 1, result.output
+    assert "No host to act on: 'forja_gpu' matches no host" in " ".join(result.output.split())
     (record,) = History().list()
-    assert record.run_id == out["run_id"] and record.config_path == str(project / "train.py")
+    assert record.run_id.startswith("train-") and record.status == "failed"
+    assert record.config_path == str(project / "train.py")
 
 
 def test_following_has_no_limit_unless_one_is_asked_for(tmp_path: Path) -> None:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+import re
+import shutil
+import subprocess
 
 import pytest
 import yaml
 from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import GcpClient, GcpConfig
-from gcp_helpers import emulator_env, inventory_json, run_inventory
+from gcp_helpers import REPO, emulator_env, inventory_json, run_inventory
 
 PROJECT = "forja-sandbox"
 SECRET = "ansible:ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKeepThisOutOfTheInventory"
@@ -187,3 +190,142 @@ def test_5000_vms_in_20_zones_take_one_token_and_ten_pages(emulator, key_file, t
     assert len(inventory_json(proc)["forja_gpu"]["hosts"]) == 5000
     assert emulator.stats["token_requests"] == 1
     assert emulator.stats["by_method"] == {"compute.instances.aggregatedList": math.ceil(5000 / 500)}
+
+
+def shipped_source(name: str, folder, emulator, key_file):
+    """A shipped inventory source (inventory/gcp_gpu.yml or inventory/sandbox/gcp_gpu.yml) as it is,
+    pointed at this emulator and without its cache (the emulator changes between runs)."""
+    source = yaml.safe_load((REPO / name).read_text())
+    source.update(api_url=emulator.base_url, credentials_file=str(key_file), projects=[PROJECT], cache=False)
+    folder.mkdir(exist_ok=True)
+    path = folder / "gcp_gpu.yml"
+    path.write_text(yaml.safe_dump(source))
+    return path
+
+
+def playbook(env, inventory, name, *extra):
+    return subprocess.run(
+        [str(REPO / ".venv/bin/ansible-playbook"), "-i", str(inventory), name, *extra],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.mark.parametrize(
+    ("typo", "value", "meant"),
+    [
+        ("zone", ["us-east1-d"], "zones"),
+        ("filter", ["status = RUNNING"], "filters"),
+        ("credential_file", "/nowhere/key.json", "credentials_file"),
+    ],
+)
+def test_a_misspelt_option_is_an_error_that_names_the_option_meant(
+    fleet, key_file, tmp_path, typo, value, meant
+):
+    source = write_config(tmp_path / "typo.gcp_gpu.yml", **{typo: value})
+    proc = run_inventory(emulator_env(fleet, key_file), source)
+    assert proc.returncode != 0
+    text = " ".join(proc.stderr.split())
+    assert f"'{typo}' is not an option of forja.gpu.gcp_gpu; did you mean '{meant}'?" in text
+    assert fleet.stats["requests"] == 0, "nothing is listed from a file with a typo"
+
+
+@pytest.mark.parametrize("name", ["inventory/gcp_gpu.yml", "inventory/sandbox/gcp_gpu.yml"])
+def test_the_shipped_inventories_find_forjas_vms_in_every_zone_and_only_those(
+    emulator, key_file, tmp_path, name
+):
+    managed = {"forja": "managed"}
+    emulator.seed_instances(PROJECT, "us-east1-d", 1, "primary", managed, machine_type="g2-standard-8")
+    emulator.seed_instances(PROJECT, "us-central1-a", 1, "fallback", managed, machine_type="g2-standard-8")
+    emulator.seed_instances(PROJECT, "europe-west4-a", 1, "elsewhere", managed, machine_type="g2-standard-8")
+    emulator.seed_instances(PROJECT, "us-east1-d", 1, "web", {"team": "web"})
+    emulator.stats_reset()
+    proc = run_inventory(
+        emulator_env(emulator, key_file), shipped_source(name, tmp_path / "inv", emulator, key_file)
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(inventory_json(proc)["forja_gpu"]["hosts"]) == ["elsewhere-0", "fallback-0", "primary-0"]
+    assert "web-0" not in inventory_json(proc)["_meta"]["hostvars"]
+    assert emulator.stats["by_method"] == {"compute.instances.aggregatedList": 1}
+    ((_method, _path, query, _body),) = emulator.requests
+    assert query["filter"] == ["(labels.forja = managed)"], "the label is filtered by the API"
+
+
+def test_a_vm_a_stock_out_moved_to_a_fallback_zone_is_reached_by_the_later_plays(
+    emulator, key_file, tmp_path
+):
+    folder = tmp_path / "inv"
+    shipped_source("inventory/gcp_gpu.yml", folder, emulator, key_file)
+    shutil.copytree(REPO / "inventory" / "group_vars", folder / "group_vars")
+    emulator.faults.add(
+        "instances.insert", error="ZONE_RESOURCE_POOL_EXHAUSTED", zone="us-east1-d", times=None
+    )
+    env = emulator_env(emulator, key_file)
+    made = playbook(
+        env,
+        folder,
+        "playbooks/provision.yml",
+        "-e",
+        "gcp_instance_wait_for_ssh=false",
+        "-e",
+        '{"gcp_instance_fallback_zones": ["us-central1-a"]}',
+    )
+    assert made.returncode == 0, made.stdout[-4000:] + made.stderr[-2000:]
+    assert emulator.instance(PROJECT, "us-central1-a", "forja-l4")["status"] == "RUNNING"
+    assert re.search(r"^forja-l4\s+: ok=", made.stdout, re.M), "the wait play reached the moved VM"
+    later = playbook(env, folder, "playbooks/summary.yml")
+    assert later.returncode == 0, later.stdout[-4000:]
+    recap = dict(re.findall(r"^(\S+)\s+: ok=(\d+)", later.stdout, re.M))
+    assert recap == {"forja-l4": "1"}, "the check ends its play on the controller without a recap line"
+
+
+def test_a_play_that_finds_no_host_fails_naming_the_inventory_and_the_zones(emulator, key_file, tmp_path):
+    source = shipped_source("inventory/sandbox/gcp_gpu.yml", tmp_path / "inv", emulator, key_file)
+    emulator.seed_instances(PROJECT, "us-east1-d", 1, "web", {"team": "web"})
+    env = emulator_env(emulator, key_file)
+    for name, extra in [
+        ("playbooks/gpu.yml", ()),
+        ("playbooks/train_fetch.yml", ("-e", "forja_hosts=forja-l4")),
+    ]:
+        proc = playbook(env, source, name, *extra)
+        assert proc.returncode != 0, proc.stdout[-3000:]
+        text = " ".join(proc.stdout.split())
+        pattern = extra[1].split("=")[1] if extra else "forja_gpu"
+        assert f"No host to act on: '{pattern}' matches no host of the inventory {source}." in text
+        assert f"{source} listed project '{PROJECT}' in every zone (" in text
+        assert (
+            "us-east1-d" in text
+            and "us-central1-a" in text
+            and "with filter (labels.forja = managed)" in text
+        )
+        assert "forja up" in text
+
+
+def test_a_cache_hit_still_says_where_it_looked_and_an_edited_file_misses(fleet, key_file, tmp_path):
+    options = {
+        "cache": True,
+        "cache_plugin": "ansible.builtin.jsonfile",
+        "cache_connection": str(tmp_path / "cache"),
+        "cache_timeout": 600,
+        "managed_only": True,
+    }
+    source = write_config(tmp_path / "cached.gcp_gpu.yml", **options, filters=["name = nosuch-*"])
+    env = emulator_env(fleet, key_file)
+    assert run_inventory(env, source).returncode == 0
+    listed = fleet.stats["by_method"]["compute.instances.aggregatedList"]
+    proc = playbook(env, source, "playbooks/summary.yml")
+    assert fleet.stats["by_method"]["compute.instances.aggregatedList"] == listed, "a cache hit"
+    assert proc.returncode != 0
+    text = " ".join(proc.stdout.split())
+    assert "listed project 'forja-sandbox' in every zone (" in text
+    assert "with filter (name = nosuch-*) (labels.forja = managed)" in text
+    write_config(source, **options)
+    edited = run_inventory(env, source)
+    assert fleet.stats["by_method"]["compute.instances.aggregatedList"] == listed + 1, "the edit is a miss"
+    assert sorted(inventory_json(edited)["forja_gpu"]["hosts"]) == ["l4-run-0", "l4-stop-0", "t4-box"]
+    assert "gcp_gpu_searched" not in inventory_json(edited)["_meta"]["hostvars"]["t4-box"], (
+        "a source that found forja's VMs adds nothing to every host's variables"
+    )

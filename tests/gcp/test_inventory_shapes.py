@@ -55,3 +55,49 @@ def test_hostvars_avoid_reserved_names_and_hide_metadata_values():
     assert record["metadata_keys"] == ["startup-script"] and "s3cret" not in repr(record)
     shown = gcp_gpu.host_record(INSTANCE, ("public_ip",), expose_metadata=True)
     assert shown["metadata"] == {"startup-script": "export TOKEN=s3cret"}
+
+
+KNOWN = ["zones", "filters", "credentials_file", "projects", "labels", "managed_only", "plugin"]
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        (["plugin", "zones", "filters"], []),
+        (["zone"], ["'zone' is not an option of forja.gpu.gcp_gpu; did you mean 'zones'?"]),
+        (["filter"], ["'filter' is not an option of forja.gpu.gcp_gpu; did you mean 'filters'?"]),
+        (
+            ["credential_file"],
+            ["'credential_file' is not an option of forja.gpu.gcp_gpu; did you mean 'credentials_file'?"],
+        ),
+        (["managed"], ["'managed' is not an option of forja.gpu.gcp_gpu; did you mean 'managed_only'?"]),
+        (
+            ["xyzzy"],
+            [
+                "'xyzzy' is not an option of forja.gpu.gcp_gpu; the options are: credentials_file, filters, "
+                "labels, managed_only, plugin, projects, zones"
+            ],
+        ),
+    ],
+)
+def test_unknown_options_name_the_closest_known_one(given, expected):
+    assert gcp_gpu.unknown_options(given, KNOWN) == expected
+
+
+@pytest.mark.parametrize(
+    ("zones", "all_zones", "filter_expr", "sentence"),
+    [
+        (
+            ["us-central1-a", "us-east1-d"],
+            True,
+            "(labels.forja = managed)",
+            "inv/gcp_gpu.yml listed project 'p' in every zone (2: us-central1-a, us-east1-d) "
+            "with filter (labels.forja = managed)",
+        ),
+        (["us-east1-d"], False, None, "inv/gcp_gpu.yml listed project 'p' in zones us-east1-d"),
+    ],
+)
+def test_what_a_listing_looked_at_is_one_sentence(zones, all_zones, filter_expr, sentence):
+    looked = gcp_gpu.searched("inv/gcp_gpu.yml", "p", zones, all_zones, filter_expr)
+    assert looked["summary"] == sentence
+    assert (looked["zones"], looked["all_zones"], looked["filter"]) == (zones, all_zones, filter_expr or "")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from typing import Any
 import pytest
 import yaml
 from apihosts import REPO, ensure_wheelhouse, host_vars, write_inventory
+from renamed_tree import PREFIX, renamed_copy
 
 from forja import contract
 from forja_sandbox import testhosts
@@ -32,7 +32,6 @@ from forja_sandbox import testhosts
 pytestmark = [pytest.mark.hosts, pytest.mark.slow, pytest.mark.timeout(2400)]
 INDEX = 28
 PORT = 18800 + INDEX  # not the default 8888: forja must read the port the host serves
-PREFIX = "Renamed: "
 FORJA = Path(sys.executable).with_name("forja")
 #: Runs one playbook of the tree FORJA_ROOT names through forja's runner; prints what was published.
 PUBLISHED = """
@@ -47,47 +46,10 @@ print(json.dumps({"rc": result.rc, "artifact_data": result.artifact_data, "tasks
 """
 
 
-def rename_tasks(tasks: Any) -> int:
-    """Prefix the name of every task (blocks included); returns how many were renamed."""
-    count = 0
-    for task in tasks if isinstance(tasks, list) else []:
-        if isinstance(task, dict):
-            if isinstance(task.get("name"), str):
-                task["name"] = PREFIX + task["name"]
-                count += 1
-            for key in ("block", "rescue", "always"):
-                count += rename_tasks(task.get(key))
-    return count
-
-
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A copy of the checkout (tracked and untracked files, links kept) with every role task renamed."""
-    root = tmp_path_factory.mktemp("renamed") / "tree"
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO,
-                            capture_output=True, text=True, check=True).stdout.split("\0")
-    for rel in filter(None, listed):
-        src, dst = REPO / rel, root / rel
-        if src.is_symlink() or src.is_file():
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dst, follow_symlinks=False)
-    link = root / "collections/ansible_collections/forja/gpu"
-    if not link.exists():
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to("../../..")
-    renamed = 0
-    for path in sorted(root.glob("roles/*/tasks/*.yml")):
-        tasks = yaml.safe_load(path.read_text())
-        renamed += rename_tasks(tasks)
-        path.write_text(yaml.safe_dump(tasks, sort_keys=False, width=1000))
-    for path in sorted(root.glob("playbooks/*.yml")):  # the plays' own tasks too: a stronger test
-        plays = yaml.safe_load(path.read_text())
-        for play in plays:
-            for key in ("pre_tasks", "tasks", "post_tasks"):
-                renamed += rename_tasks(play.get(key))
-        path.write_text(yaml.safe_dump(plays, sort_keys=False, width=1000))
-    assert renamed > 100, f"only {renamed} tasks renamed"
-    return root
+    """A copy of the checkout with every role task renamed (tests/renamed_tree.py)."""
+    return renamed_copy(tmp_path_factory.mktemp("renamed") / "tree")
 
 
 @pytest.fixture(scope="module")

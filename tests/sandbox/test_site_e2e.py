@@ -42,6 +42,7 @@ from typing import IO, Any
 import pytest
 import requests
 import yaml
+from renamed_tree import renamed_copy
 
 from forja.api import Forja
 from forja.history import History
@@ -248,31 +249,34 @@ WHICH_PYTHON = (
 )
 
 
-def _forja(*args: str, timeout: int = 900, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+def _forja(*args: str, timeout: int = 900, cwd: Path = ROOT,
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """The installed `forja` command, run as the README shows it after `make sandbox`: with
     FORJA_INVENTORY naming the sandbox's inventory."""
     return subprocess.run([FORJA, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          check=False, env=dict(os.environ, FORJA_INVENTORY=str(INVENTORY)))
+                          check=False, env=dict(env or os.environ, FORJA_INVENTORY=str(INVENTORY)))
 
 
 @contextlib.contextmanager
-def _forja_tunnel(*options: str, start: bool = False, timeout_s: float = 600) -> Iterator[tuple[str, str]]:
+def _forja_tunnel(*options: str, start: bool = False, timeout_s: float = 600, port: int = 8888,
+                  cwd: Path = ROOT, env: dict[str, str] | None = None) -> Iterator[tuple[str, str]]:
     """`forja [OPTIONS] tunnel [--start]`, left running as a user leaves it; yields the Colab base URL
-    and what it printed so far; Ctrl-C (SIGINT) closes it at the end, as a user does."""
+    (on `port`, the port the host's Jupyter serves) and what it printed so far; Ctrl-C (SIGINT)
+    closes it at the end, as a user does."""
     argv = [FORJA, *options, "tunnel", *(["--start"] if start else [])]
     with tempfile.TemporaryFile(mode="w+") as log:
-        proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, text=True,
-                                env=dict(os.environ, FORJA_INVENTORY=str(INVENTORY)))
+                                env=dict(env or os.environ, FORJA_INVENTORY=str(INVENTORY)))
         try:
             deadline = time.monotonic() + timeout_s
             while True:
                 assert proc.poll() is None, f"forja tunnel exited {proc.returncode}: {_read(log)}"
                 assert time.monotonic() < deadline, f"the tunnel did not open: {_read(log)}"
-                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", 8888), timeout=1):
+                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
                     break
                 time.sleep(0.2)
-            yield "http://localhost:8888", _read(log)
+            yield f"http://localhost:{port}", _read(log)
         finally:
             proc.send_signal(signal.SIGINT)
             try:
@@ -304,7 +308,10 @@ def test_the_readme_walk_through_the_forja_command(first_run: subprocess.Complet
     assert status.returncode == 0, status.stdout[-2000:] + status.stderr[-2000:]
     assert ("digits", "completed") in {(s["run"], s["status"]) for s in json.loads(status.stdout)}
     runs = _forja("--json", "runs")
-    assert runs.returncode == 0 and isinstance(json.loads(runs.stdout), list), runs.stderr
+    assert runs.returncode == 0, runs.stdout[-2000:] + runs.stderr[-2000:]
+    # site.yml's train play recorded the demo run in the history that `forja runs` lists
+    listed = {(r["run_id"], r["status"]) for r in json.loads(runs.stdout)}
+    assert ("digits", "completed") in listed, runs.stdout
     cost = _forja("--json", "cost")
     assert cost.returncode == 0, cost.stdout[-2000:] + cost.stderr[-2000:]
     (line,) = json.loads(cost.stdout)["instances"]
@@ -332,6 +339,64 @@ def test_the_readme_walk_through_the_forja_command(first_run: subprocess.Complet
         assert colab.run_via_direct(url, token, "print(6*7)", timeout_s=120).strip() == "42"
     (vm,) = _instances()
     assert vm["status"] == "RUNNING"
+
+
+MOVED_PORT = 18890
+
+
+def _autostop_config(vm: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(_on_host(_address(vm), "sudo cat /etc/forja/autostop.json"))
+
+
+def test_forja_tunnel_follows_a_jupyter_port_moved_with_e(
+    first_run: subprocess.CompletedProcess[str],
+) -> None:
+    """`forja -e host_contract_jupyter_port=N configure` moves Jupyter and the autostop agent that
+    watches it; a plain `forja tunnel` (no -e) asks the host, opens N at both ends and Colab runs a
+    cell through it; `forja configure` moves everything back."""
+    token = TOKEN_FILE.read_text().strip()
+    moved = _forja(*SPOT, "-e", f"host_contract_jupyter_port={MOVED_PORT}", "configure")
+    assert moved.returncode == 0, moved.stdout[-2000:] + moved.stderr[-2000:]
+    try:
+        (vm,) = _instances()
+        assert _autostop_config(vm)["jupyter_url"] == f"http://127.0.0.1:{MOVED_PORT}"
+        with _forja_tunnel(port=MOVED_PORT) as (url, printed):
+            assert f"http://localhost:{MOVED_PORT}/?token=" in printed, printed
+            assert f"-L {MOVED_PORT}:127.0.0.1:{MOVED_PORT}" in printed, printed
+            _wait_for_jupyter(url, token)
+            assert colab.run_via_direct(url, token, "print(3*3)", timeout_s=120).strip() == "9"
+    finally:
+        back = _forja(*SPOT, "configure")
+    assert back.returncode == 0, back.stdout[-2000:] + back.stderr[-2000:]
+    assert _autostop_config(vm)["jupyter_url"] == "http://127.0.0.1:8888"
+
+
+def test_a_tree_whose_tasks_are_all_renamed_still_drives_the_sandbox(
+    first_run: subprocess.CompletedProcess[str], tmp_path: Path,
+) -> None:
+    """Issue 13: forja reads what the roles publish, never a task's name. In a copy of the checkout
+    whose every role and play task is renamed (FORJA_ROOT), `forja status`, `forja train` and
+    `forja tunnel` still work on the sandbox."""
+    tree = renamed_copy(tmp_path / "tree")
+    env = {**os.environ, "FORJA_ROOT": str(tree), "FORJA_HOME": str(tmp_path / "home"),
+           "ANSIBLE_CONFIG": str(tree / "ansible.cfg")}
+    status = _forja("--json", "status", cwd=tree, env=env)
+    assert status.returncode == 0, status.stdout[-2000:] + status.stderr[-2000:]
+    assert ("digits", "completed") in {(s["run"], s["status"]) for s in json.loads(status.stdout)}
+    config = yaml.safe_load((tree / "trainer" / "configs" / "digits.yaml").read_text())
+    config.update(steps=60, log_every_steps=20)
+    (tmp_path / "renamed.yaml").write_text(yaml.safe_dump(config))
+    trained = _forja(*SPOT, "train", str(tmp_path / "renamed.yaml"), "--name", "renamed", cwd=tree, env=env)
+    assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-2000:]
+    said = " ".join(trained.stderr.split())  # the announcements, recognised by their result key
+    assert "Sending" in said and "renamed completed on forja-l4" in said, said[-3000:]
+    after = _forja("--json", "status", "renamed", cwd=tree, env=env)
+    assert [(r["run"], r["status"]) for r in json.loads(after.stdout)] == [("renamed", "completed")], (
+        after.stdout[-2000:] + after.stderr[-2000:])
+    token = TOKEN_FILE.read_text().strip()
+    with _forja_tunnel(cwd=tree, env=env) as (url, printed):
+        assert "http://localhost:8888/?token=" in printed, printed
+        assert colab.run_via_direct(url, token, "print(5*5)", timeout_s=120).strip() == "25"
 
 
 def test_a_vm_that_autostop_stopped_says_why_while_it_is_stopped(

@@ -2,8 +2,8 @@
 
 Why: the test hosts cannot reach NVIDIA's CUDA repository (and have no GPU), yet the role's
 pinning must be proven against real apt behaviour. So this script builds small .deb packages
-with the REAL package names and versions (driver 570 plus newer 575/580 and a Canonical-style
-transitional "570" that moves to 580, CUDA 12.8 plus 12.9, stand-in GCP kernels), lays them out
+with the REAL package names and versions (driver 570 plus newer 575/580, "570" packages that
+pull 580 the two ways the real ones did, CUDA 12.8 plus 12.9, stand-in GCP kernels), lays them out
 like NVIDIA's flat repository, signs it with a throwaway GnuPG key and serves it over HTTP on
 the test bridge. The packages only carry marker files: nothing here touches a kernel.
 
@@ -15,8 +15,9 @@ Layout under DIR (served as the web root):
     compute/cuda/repos/ubuntu2204/x86_64/   NVIDIA-like flat repo (InRelease, Release.gpg,
                                             Packages, *.deb, forja-standin.asc: the public key)
     ubuntu/                                 a flat repo standing in for the Ubuntu archive:
-                                            kernel packages and Canonical's "570" that pulls
-                                            580 (Origin: Ubuntu, signed by the same key)
+                                            kernel packages, Canonical's 580-server branch and
+                                            its "570" stubs that pull it (Origin: Ubuntu,
+                                            signed by the same key)
     .key-fingerprint                        the key's fingerprint, for the role's check
     .port, .pid, .server.log                the running server
 """
@@ -57,6 +58,9 @@ class Pkg:
     links: tuple[tuple[str, str], ...] = ()
     arch: str = "amd64"
     section: str = "multiverse/libs"
+    # One branch's package excludes the others' (they ship the same nvidia-smi / libnvidia-ml.so.1):
+    # Provides, Conflicts and Replaces the same unversioned name, the Debian idiom.
+    exclusive: str = ""
 
 
 NO_DRIVER_SMI = """#!/bin/sh
@@ -76,25 +80,39 @@ Pin-Priority: 1000
 
 
 def driver_branch(version: str) -> list[Pkg]:
-    """The packages of one driver release, named like NVIDIA's CUDA repo for that branch."""
+    """The packages of one driver release, named like NVIDIA's CUDA repo for that branch.
+
+    Every name the role's pin has to cover is here (nvidia-driver-, libnvidia-, nvidia-dkms-,
+    nvidia-utils-, nvidia-compute-utils-, xserver-xorg-video-nvidia-, nvidia-fabricmanager-,
+    cuda-drivers-), so a pattern that misses one lets that package drift in the tests too.
+    """
     branch = version.split(".")[0]
     deb = f"{version}-0ubuntu1"
     lib = "/usr/lib/x86_64-linux-gnu"
+    parts = ("libnvidia-compute", "nvidia-utils", "nvidia-compute-utils", "nvidia-dkms",
+             "xserver-xorg-video-nvidia")
     return [
-        Pkg(f"libnvidia-compute-{branch}", deb,
+        Pkg(f"libnvidia-compute-{branch}", deb, exclusive="libnvidia-compute",
             files=((f"{lib}/libnvidia-ml.so.{version}", f"stand-in NVML {version}\n"),),
             links=((f"{lib}/libnvidia-ml.so.1", f"libnvidia-ml.so.{version}"),)),
-        Pkg(f"nvidia-utils-{branch}", deb, files=(("/usr/bin/nvidia-smi", NO_DRIVER_SMI),)),
-        Pkg(f"nvidia-driver-{branch}", deb,
-            depends=f"libnvidia-compute-{branch} (= {deb}), nvidia-utils-{branch} (= {deb})"),
+        Pkg(f"nvidia-utils-{branch}", deb, exclusive="nvidia-utils",
+            files=(("/usr/bin/nvidia-smi", NO_DRIVER_SMI),)),
+        Pkg(f"nvidia-compute-utils-{branch}", deb, depends=f"libnvidia-compute-{branch} (= {deb})"),
+        Pkg(f"nvidia-dkms-{branch}", deb, files=((f"/usr/src/nvidia-{version}/dkms.conf",
+                                                  f'PACKAGE_NAME="nvidia"\nPACKAGE_VERSION="{version}"\n'),)),
+        Pkg(f"xserver-xorg-video-nvidia-{branch}", deb, section="multiverse/x11"),
+        Pkg(f"nvidia-driver-{branch}", deb, depends=", ".join(f"{p}-{branch} (= {deb})" for p in parts)),
+        Pkg(f"nvidia-fabricmanager-{branch}", f"{version}-1"),
         Pkg(f"cuda-drivers-{branch}", f"{version}-1", depends=f"nvidia-driver-{branch} (>= {version})"),
     ]
 
 
 def transitional_570_to_580(version: str) -> list[Pkg]:
-    """Canonical-style transitional packages: the 570 *names* at a 580 *version*.
+    """570 *names* at a 580 *version* that depend on 580, with the open-ended ">=" NVIDIA's metas use.
 
-    This is the drift that pinning by name alone misses and pinning by version catches.
+    `cuda-drivers-570` asks for `nvidia-driver-570 (>= 570.172.08)` with no upper bound (as NVIDIA's
+    `cuda-drivers-580` asks for `nvidia-driver (>= 580.65.06)` on Debian and pulled 590), so this
+    580.95.05 "nvidia-driver-570" satisfies it. Pinning by name alone misses it; by version not.
     """
     deb = f"{version}-0ubuntu1"
     return [
@@ -131,10 +149,31 @@ def nvidia_packages() -> list[Pkg]:
 
 
 def canonical_packages() -> list[Pkg]:
-    """What Ubuntu's own archive did to 570 (seen in jammy-updates): a "570" version that pulls 580."""
-    return [Pkg("nvidia-driver-570", "570.211.01-0ubuntu1.22.04.1",
-                depends="nvidia-driver-580 (>= 580.95.05)",
+    """What Ubuntu's archive did to its 570 branch: stubs at a *570* version that depend on 580.
+
+    Seen in jammy-updates (`nvidia-driver-570` 570.211.01 -> `nvidia-driver-580`) and in dstack PR
+    #3967 / xnvme/aisio#67 (noble): `nvidia-driver-570-server-open` 570.211.01-0ubuntu1.24.04.1
+    Depends `nvidia-driver-580-server-open`, and every package of the set (`nvidia-dkms-570-server-open`,
+    ...) depends on its 580 twin. A "570.*" version pin *prefers* these stubs (the newest 570), so
+    only refusing the 580 names (and the archive's numbered packages) keeps 580 out.
+    """
+    stub = "570.211.01-0ubuntu1.22.04.1"
+    real = "580.95.05-0ubuntu0.22.04.1"
+    server = ("nvidia-driver-{}-server-open", "nvidia-dkms-{}-server-open", "nvidia-utils-{}-server",
+              "libnvidia-compute-{}-server")
+    pkgs = [Pkg("nvidia-driver-570", stub, depends="nvidia-driver-580 (>= 580.95.05)",
                 section="restricted/libs")]
+    pkgs += [Pkg(name.format(570), stub, depends=name.format(580), section="restricted/libs")
+             for name in server]
+    driver, dkms, utils, compute = (name.format(580) for name in server)
+    pkgs += [
+        Pkg(driver, real, depends=f"{dkms} (= {real}), {utils} (= {real}), {compute} (= {real})",
+            section="restricted/libs"),
+        Pkg(dkms, real, section="restricted/libs"),
+        Pkg(utils, real, section="restricted/libs"),
+        Pkg(compute, real, section="restricted/libs"),
+    ]
+    return pkgs
 
 
 def kernel_packages() -> list[Pkg]:
@@ -178,6 +217,8 @@ def build_deb(pkg: Pkg, out_dir: Path, work: Path) -> Path:
     ]
     if pkg.depends:
         control.append(f"Depends: {pkg.depends}")
+    if pkg.exclusive:
+        control += [f"Provides: {pkg.exclusive}", f"Conflicts: {pkg.exclusive}", f"Replaces: {pkg.exclusive}"]
     control.append(f"Description: stand-in for {pkg.name} (forja nvidia_stack tests)")
     (root / "DEBIAN/control").write_text("\n".join(control) + "\n")
     deb = out_dir / f"{pkg.name}_{pkg.version}_{pkg.arch}.deb"

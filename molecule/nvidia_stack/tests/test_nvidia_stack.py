@@ -1,8 +1,10 @@
 """What nvidia_stack leaves on a GPU-less test host, checked against real apt and dpkg.
 
-The stand-in repository (standin_repo.py) offers driver 570.133.20 and 570.172.08, a "570"
-package at a 580 version, drivers 575 and 580, CUDA 12.8.1 and 12.9.1, and Ubuntu's archive
-offers a "570" that pulls 580 plus newer GCP kernel metas. Each test names the drift it rules out.
+The stand-in repository (standin_repo.py) offers driver 570.133.20 and 570.172.08, "570"
+packages at a 580 version, drivers 575 and 580, CUDA 12.8.1 and 12.9.1, and Ubuntu's archive
+offers the 580-server branch with the "570" stubs at a 570 version that depend on it (dstack PR
+#3967's nvidia-driver-570-server-open), plus newer GCP kernel metas. Each test names the drift it
+rules out; side_effect.yml forces 580 in past the pins and checks the role refuses it.
 The tests at the end run real upgrades, so they come last in this file.
 """
 
@@ -13,6 +15,8 @@ import re
 import pytest
 
 NO_PREFS = "-o Dir::Etc::Preferences=/dev/null -o Dir::Etc::PreferencesParts=/nonexistent"
+# Only the stand-in repositories (sources.list.d), not Ubuntu's real archive: 0.1 s per simulation, not 1.6 s.
+STANDIN_ONLY = "-o Dir::Etc::SourceList=/dev/null"
 KERNEL = "5.15.0-9080-gcp"
 KERNEL_HOLDS = {
     f"linux-image-{KERNEL}", f"linux-modules-{KERNEL}", f"linux-headers-{KERNEL}",
@@ -34,9 +38,18 @@ def simulate(host, args: str) -> list[tuple[str, str]]:
     return re.findall(r"^Inst (\S+) (?:\[\S+\] )?\((\S+)", out.stdout, re.M)
 
 
+# Every package name of the branch the pin has to cover (the role README's pin table).
+BRANCH_PARTS = ["nvidia-driver", "libnvidia-compute", "nvidia-utils", "nvidia-compute-utils", "nvidia-dkms",
+                "xserver-xorg-video-nvidia", "nvidia-fabricmanager", "cuda-drivers"]
+
+
 @pytest.mark.parametrize(("name", "version"), [
     ("nvidia-driver-570", "570.172.08-0ubuntu1"),
     ("libnvidia-compute-570", "570.172.08-0ubuntu1"),
+    ("nvidia-utils-570", "570.172.08-0ubuntu1"),
+    ("nvidia-compute-utils-570", "570.172.08-0ubuntu1"),
+    ("nvidia-dkms-570", "570.172.08-0ubuntu1"),
+    ("xserver-xorg-video-nvidia-570", "570.172.08-0ubuntu1"),
     ("cuda-drivers-570", "570.172.08-1"),
     ("nvidia-driver-pinning-570", "570.172.08-1"),
     ("cuda-toolkit-12-8", "12.8.1-1"),
@@ -46,10 +59,19 @@ def test_the_pinned_stack_is_installed_from_nvidias_repository(host, name, versi
     assert installed(host, name) == version
 
 
-@pytest.mark.parametrize("name", ["nvidia-driver-580", "libnvidia-compute-580", "nvidia-driver-575",
-                                  "cuda-drivers-580", "cuda-toolkit-12-9"])
-def test_no_newer_branch_or_cuda_release_came_in(host, name):
-    assert installed(host, name) is None
+def test_no_newer_branch_or_cuda_release_came_in(host):
+    names = [f"{part}-{branch}" for part in BRANCH_PARTS for branch in (575, 580)] + [
+        "nvidia-driver-580-server-open", "nvidia-dkms-580-server-open", "cuda-toolkit-12-9"]
+    listing = host.run(f"dpkg-query -W -f='${{Package}} ${{db:Status-Abbrev}}\\n' {' '.join(names)}").stdout
+    assert [line for line in listing.splitlines() if line.split()[1:2] in (["ii"], ["hi"])] == []
+
+
+def test_no_installed_driver_package_carries_another_branchs_version(host):
+    listing = host.check_output("dpkg-query -W -f='${Package} ${Version}\\n'")
+    family = re.compile(r"^(nvidia-|libnvidia-|xserver-xorg-video-nvidia-|cuda-drivers)")
+    off = [line for line in listing.splitlines()
+           if family.match(line) and re.search(r" (\d+:)?(?!570\.)\d{3}\.", line)]
+    assert off == []
 
 
 def test_the_repository_is_signed_and_trusted_only_through_its_own_keyring(host):
@@ -70,6 +92,43 @@ def test_the_pins_are_by_version_and_apt_honours_them(host):
     policy = host.check_output("LC_ALL=C apt-cache policy nvidia-driver-570 cuda-toolkit")
     candidates = re.findall(r"Candidate: (\S+)", policy)
     assert candidates == ["570.172.08-0ubuntu1", "12.8.1-1"]
+
+
+def test_every_package_of_the_branch_has_its_570_candidate_and_none_of_580(host):
+    names = [f"{part}-{branch}" for part in BRANCH_PARTS for branch in (570, 580)]
+    policy = host.check_output(f"LC_ALL=C apt-cache policy {' '.join(names)}")
+    per_name = dict(re.findall(r"^(\S+):\n(.*?)(?=^\S|\Z)", policy, re.M | re.S))
+    for part in BRANCH_PARTS:
+        revision = "1" if part in ("cuda-drivers", "nvidia-fabricmanager") else "0ubuntu1"
+        assert f"Candidate: 570.172.08-{revision}" in per_name[f"{part}-570"], per_name[f"{part}-570"]
+        assert "Candidate: (none)" in per_name[f"{part}-580"], per_name[f"{part}-580"]
+        assert re.search(r"580\.95\.05-\S+ -1", per_name[f"{part}-580"]), per_name[f"{part}-580"]
+
+
+def test_dstacks_570_server_open_would_install_580_without_the_pins(host):
+    """Canonical's stub is a 570 *version*: a "570.*" pin alone prefers it, and it depends on 580."""
+    moves = dict(simulate(host, f"{NO_PREFS} {STANDIN_ONLY} install nvidia-driver-570-server-open"))
+    assert moves.get("nvidia-driver-570-server-open", "").startswith("570.211.01"), moves
+    assert moves.get("nvidia-driver-580-server-open", "").startswith("580."), moves
+    assert moves.get("nvidia-dkms-580-server-open", "").startswith("580."), moves
+
+
+def test_dstacks_570_server_open_cannot_bring_580_with_the_pins(host):
+    out = host.run("LC_ALL=C apt-get -s -o Debug::NoLocking=1 install nvidia-driver-570-server-open")
+    assert out.rc != 0
+    assert not re.search(r"^Inst \S*580", out.stdout, re.M), out.stdout
+
+
+def test_even_a_570_name_asked_for_at_580_cannot_pull_580_in(host):
+    """apt takes the asked version of nvidia-driver-570, but its 580 dependency stays at -1, whatever
+    the origin (this one is NVIDIA's): the record that refuses other branches' numbered names."""
+    ask = "install nvidia-driver-570=580.95.05-0ubuntu1"
+    unpinned = dict(simulate(host, f"{NO_PREFS} {STANDIN_ONLY} {ask}"))
+    assert unpinned.get("nvidia-driver-580", "").startswith("580."), unpinned
+    out = host.run(f"LC_ALL=C apt-get -s -o Debug::NoLocking=1 {ask}")
+    assert out.rc != 0
+    assert "nvidia-driver-580" in out.stdout + out.stderr
+    assert not re.search(r"^Inst \S*580", out.stdout, re.M), out.stdout
 
 
 def test_ubuntus_570_that_pulls_580_is_never_a_candidate(host):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -154,4 +155,13 @@ def run_inventory(env: dict[str, str], *sources: Path, extra: tuple[str, ...] = 
         args += ["-i", str(source)]
     return subprocess.run(
         [*args, "--list", *extra], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+def run_playbook(env: dict[str, str], inventory: Path | str, name: str,
+                 *extra: str) -> subprocess.CompletedProcess:
+    """ansible-playbook NAME from the repo with INVENTORY (no check of the outcome: callers assert)."""
+    return subprocess.run(
+        [str(REPO / ".venv/bin/ansible-playbook"), "-i", str(inventory), name, *extra],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False,
     )

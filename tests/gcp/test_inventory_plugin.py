@@ -5,12 +5,11 @@ from __future__ import annotations
 import math
 import re
 import shutil
-import subprocess
 
 import pytest
 import yaml
 from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import GcpClient, GcpConfig
-from gcp_helpers import REPO, emulator_env, inventory_json, run_inventory
+from gcp_helpers import REPO, emulator_env, inventory_json, run_inventory, run_playbook
 
 PROJECT = "forja-sandbox"
 SECRET = "ansible:ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKeepThisOutOfTheInventory"
@@ -203,17 +202,6 @@ def shipped_source(name: str, folder, emulator, key_file):
     return path
 
 
-def playbook(env, inventory, name, *extra):
-    return subprocess.run(
-        [str(REPO / ".venv/bin/ansible-playbook"), "-i", str(inventory), name, *extra],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-
-
 @pytest.mark.parametrize(
     ("typo", "value", "meant"),
     [
@@ -264,7 +252,7 @@ def test_a_vm_a_stock_out_moved_to_a_fallback_zone_is_reached_by_the_later_plays
         "instances.insert", error="ZONE_RESOURCE_POOL_EXHAUSTED", zone="us-east1-d", times=None
     )
     env = emulator_env(emulator, key_file)
-    made = playbook(
+    made = run_playbook(
         env,
         folder,
         "playbooks/provision.yml",
@@ -276,7 +264,7 @@ def test_a_vm_a_stock_out_moved_to_a_fallback_zone_is_reached_by_the_later_plays
     assert made.returncode == 0, made.stdout[-4000:] + made.stderr[-2000:]
     assert emulator.instance(PROJECT, "us-central1-a", "forja-l4")["status"] == "RUNNING"
     assert re.search(r"^forja-l4\s+: ok=", made.stdout, re.M), "the wait play reached the moved VM"
-    later = playbook(env, folder, "playbooks/summary.yml")
+    later = run_playbook(env, folder, "playbooks/summary.yml")
     assert later.returncode == 0, later.stdout[-4000:]
     recap = dict(re.findall(r"^(\S+)\s+: ok=(\d+)", later.stdout, re.M))
     assert recap == {"forja-l4": "1"}, "the check ends its play on the controller without a recap line"
@@ -290,7 +278,7 @@ def test_a_play_that_finds_no_host_fails_naming_the_inventory_and_the_zones(emul
         ("playbooks/gpu.yml", ()),
         ("playbooks/train_fetch.yml", ("-e", "forja_hosts=forja-l4")),
     ]:
-        proc = playbook(env, source, name, *extra)
+        proc = run_playbook(env, source, name, *extra)
         assert proc.returncode != 0, proc.stdout[-3000:]
         text = " ".join(proc.stdout.split())
         pattern = extra[1].split("=")[1] if extra else "forja_gpu"
@@ -316,7 +304,7 @@ def test_a_cache_hit_still_says_where_it_looked_and_an_edited_file_misses(fleet,
     env = emulator_env(fleet, key_file)
     assert run_inventory(env, source).returncode == 0
     listed = fleet.stats["by_method"]["compute.instances.aggregatedList"]
-    proc = playbook(env, source, "playbooks/summary.yml")
+    proc = run_playbook(env, source, "playbooks/summary.yml")
     assert fleet.stats["by_method"]["compute.instances.aggregatedList"] == listed, "a cache hit"
     assert proc.returncode != 0
     text = " ".join(proc.stdout.split())

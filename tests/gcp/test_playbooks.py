@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 
 import pytest
-from gcp_helpers import REPO, emulator_env
+from gcp_helpers import REPO, emulator_env, run_playbook
 
 PROJECT = "forja-sandbox"
 
@@ -26,14 +25,7 @@ def inventory_dir(tmp_path):
 
 
 def play(env, inventory_dir, playbook, *extra):
-    proc = subprocess.run(
-        [str(REPO / ".venv/bin/ansible-playbook"), "-i", str(inventory_dir), playbook, *extra],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = run_playbook(env, inventory_dir, playbook, *extra)
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
     recap = dict(re.findall(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)", proc.stdout, re.M))
     return {host: int(changed) for host, changed in recap.items()}, proc.stdout

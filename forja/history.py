@@ -293,15 +293,12 @@ def _set_up_after(state: runstate.RunState, ended_at: str | None) -> bool:
     """Whether the host set this run up after the recorded run with its name ended (a new run)."""
     if not ended_at or not state.configured_at:
         return False
+    from forja.cost.spend import parse_time
+
     try:
-        return _instant(state.configured_at) > _instant(ended_at)
+        return parse_time(state.configured_at) > parse_time(ended_at)
     except ValueError:
         return False
-
-
-def _instant(iso: str) -> datetime:
-    moment = datetime.fromisoformat(iso.replace("Z", "+00:00"))
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
 def summary_fields(summary: Mapping[str, Any]) -> dict[str, Any]:

@@ -196,11 +196,12 @@ class InventoryHost:
         value = self.vars.get("last_stop_timestamp")
         if not value:
             return None
+        from forja.cost.spend import parse_time
+
         try:
-            stamp = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+            return parse_time(str(value))
         except ValueError:
             return None
-        return stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)
 
     @property
     def host_key_checking(self) -> bool:

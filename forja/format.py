@@ -11,21 +11,11 @@ from __future__ import annotations
 # Loss, money, throughput and duration: their one home is trainer.figures, because the trainer's own
 # log line needs them on a host without forja (the trainer imports nothing of forja; forja may import
 # the trainer's standard-library modules, as it does trainer.summary).
-from trainer.figures import MISSING, duration, loss, money, per_second
+from trainer.figures import MISSING, duration, hourly, loss, money, per_second
 from trainer.figures import as_number as _number
 
 __all__ = ["MISSING", "SUMMARY_FORMATS", "count", "duration", "field", "hourly", "loss", "money",
            "per_second", "percent", "timestamp"]
-
-
-def hourly(usd_per_hour: float | None) -> str:
-    """A price per hour: `$0.71/h`, `$0.0042/h` stays in dollars (prices are quoted that way)."""
-    number = _number(usd_per_hour)
-    if number is None:
-        return MISSING
-    if number == 0 or abs(number) >= 0.01:
-        return f"${number:,.2f}/h"
-    return f"${number:.2g}/h"
 
 
 def percent(fraction: float | None) -> str:

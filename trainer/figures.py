@@ -56,6 +56,16 @@ def money(usd: float | None) -> str:
     return f"{sign}{cents:.2g}¢"
 
 
+def hourly(usd_per_hour: float | None) -> str:
+    """A price per hour: `$0.71/h`, `$0.0042/h` stays in dollars (prices are quoted that way)."""
+    number = as_number(usd_per_hour)
+    if number is None:
+        return MISSING
+    if number == 0 or abs(number) >= 0.01:
+        return f"${number:,.2f}/h"
+    return f"${number:.2g}/h"
+
+
 def per_second(value: float | None, unit: str) -> str:
     """`3.2 steps/s`, `11,234 samples/s`: 3 significant digits, whole numbers from 1000 up."""
     number = as_number(value)

@@ -51,7 +51,7 @@ from typing import Any
 # Numbers for people, the rules forja and the trainer print with (trainer/figures.py, installed
 # beside this script as forja_figures.py by the role): one home for them, stdlib only.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import forja_figures as figures  # noqa: E402
+import forja_figures as figures
 
 DEFAULTS: dict[str, Any] = {
     "idle_minutes": 30.0,
@@ -462,7 +462,7 @@ def decide(
         if spend >= cap:
             stops.append(
                 f"spend cap {figures.money(cap)} reached (spent {figures.money(spend)} at "
-                f"{figures.money(config['hourly_rate_usd'])}/h)"
+                f"{figures.hourly(config['hourly_rate_usd'])})"
             )
         elif spend >= config["spend_warn_fraction"] * cap:
             warning = (

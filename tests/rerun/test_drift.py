@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import playout
 import pytest
 import yaml
 
@@ -49,15 +50,13 @@ class Run:
 
     @property
     def changed(self) -> int:
-        return sum(int(n) for n in re.findall(r"changed=(\d+)", self.out.rsplit("PLAY RECAP", 1)[-1]))
+        return sum(counts["changed"] for counts in playout.recap(self.out).values())
 
     def task_results(self) -> dict[str, str]:
-        """Each task's name (role prefix and all) and what the default callback printed for it."""
-        blocks = re.split(r"^TASK \[(.+?)\] \**$", self.out, flags=re.M)
-        return {blocks[i]: blocks[i + 1] for i in range(1, len(blocks) - 1, 2)}
+        return playout.task_results(self.out)
 
     def changed_tasks(self) -> list[str]:
-        return [name for name, text in self.task_results().items() if re.search(r"^changed: ", text, re.M)]
+        return playout.changed_tasks(self.out)
 
 
 @dataclass

@@ -39,6 +39,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+import playout
 import pytest
 import requests
 import yaml
@@ -67,13 +68,6 @@ def _playbook(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
                           check=False)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     return proc
-
-
-def _recap(stdout: str) -> dict[str, dict[str, int]]:
-    recap = {}
-    for host, fields in re.findall(r"^(\S+)\s+: (ok=.*)$", stdout, flags=re.M):
-        recap[host] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", fields)}
-    return recap
 
 
 def _compute(method: str, path: str) -> dict:
@@ -162,22 +156,11 @@ def test_colab_reaches_the_provisioned_jupyter_through_a_tunnel(
             colab.run_via_direct(tunnel.base_url, "wrong-token", "print(1)")
 
 
-def _changed_tasks(stdout: str) -> list[str]:
-    """The tasks that reported `changed` in an ansible-playbook output (what to look at when one did)."""
-    task, changed = "", []
-    for line in stdout.splitlines():
-        if line.startswith("TASK ["):
-            task = line[len("TASK ["):].split("]", 1)[0]
-        elif line.startswith("changed: ["):
-            changed.append(task)
-    return changed
-
-
 def _assert_nothing_changed(proc: subprocess.CompletedProcess[str]) -> None:
-    recap = _recap(proc.stdout)
+    recap = playout.recap(proc.stdout)
     assert recap, "no PLAY RECAP found"
     assert {host: stats["changed"] for host, stats in recap.items()} == dict.fromkeys(recap, 0), (
-        _changed_tasks(proc.stdout))
+        playout.changed_tasks(proc.stdout))
 
 
 def test_a_second_run_changes_nothing(first_run: subprocess.CompletedProcess[str]) -> None:

@@ -117,6 +117,25 @@ class KeyRing:
             }
 
     # -- token endpoint ------------------------------------------------------------------------
+    def _signing_key(self, token: str, *, issuer_if_kid_unknown: bool) -> tuple[dict, dict[str, str] | None]:
+        """A JWT's header and the registered key that should have signed it (not yet verified): the
+        key its `kid` names, else the key of its `iss` (when it has no `kid`, or with
+        `issuer_if_kid_unknown` also when the `kid` is unknown). ValueError: not a JWT at all."""
+        from google.auth import jwt
+
+        try:
+            header = jwt.decode_header(token)
+            unverified = jwt.decode(token, verify=False)
+        except Exception:
+            raise ValueError("not a well-formed JWT") from None
+        with self._lock:
+            key = self.keys.get(str(header.get("kid", "")))
+            if key is None and (issuer_if_kid_unknown or not header.get("kid")):
+                key = next(
+                    (k for k in self.keys.values() if k["client_email"] == unverified.get("iss")), None
+                )
+        return header, key
+
     def exchange(self, form: dict[str, str], token_uri: str) -> dict[str, Any]:
         """Verify a JWT-bearer grant and issue an access token, or raise TokenError."""
         from google.auth import jwt
@@ -125,16 +144,9 @@ class KeyRing:
             raise TokenError("unsupported_grant_type", f"Invalid grant_type: {form.get('grant_type', '')}")
         assertion = form.get("assertion", "")
         try:
-            header = jwt.decode_header(assertion)
-            unverified = jwt.decode(assertion, verify=False)
-        except Exception:
+            _, key = self._signing_key(assertion, issuer_if_kid_unknown=True)
+        except ValueError:
             raise TokenError("invalid_grant", "Invalid JWT: Token must be a short-lived token.") from None
-        with self._lock:
-            key = self.keys.get(str(header.get("kid", "")))
-            if key is None:
-                key = next(
-                    (k for k in self.keys.values() if k["client_email"] == unverified.get("iss")), None
-                )
         if key is None:
             raise TokenError("invalid_grant", "Invalid JWT Signature.")
         try:
@@ -202,18 +214,11 @@ class KeyRing:
         from google.auth import jwt
 
         try:
-            header = jwt.decode_header(token)
-            unverified = jwt.decode(token, verify=False)
-        except Exception:
+            header, key = self._signing_key(token, issuer_if_kid_unknown=False)
+        except ValueError:
             raise BearerRefused("the bearer token is not a well-formed JWT") from None
         if header.get("alg") != "RS256":
             raise BearerRefused(f"JWT algorithm {header.get('alg')!r} is not RS256")
-        with self._lock:
-            key = self.keys.get(str(header.get("kid", "")))
-            if key is None and not header.get("kid"):
-                key = next(
-                    (k for k in self.keys.values() if k["client_email"] == unverified.get("iss")), None
-                )
         if key is None:
             raise BearerRefused("the JWT's key id is not a key of any known service account")
         try:

@@ -4,6 +4,11 @@ The emulator calls this from its operation worker: create/start boot a systemd-n
 return its address (shown as the instance's IP), stop halts it but keeps its disk, delete removes
 it. The instance-to-host binding is persisted next to the emulator's state so a restarted
 sandbox finds its hosts again.
+
+Each host also gets its instance's GCE firewall (`forja_sandbox.firewall`: the project's rules
+and the instance's tags, as nftables in the host's namespace), loaded before the host has an
+address and replaced whenever the emulator reports a change (`firewalls_changed`), so SSH that
+the rules do not admit fails here as on Google Cloud.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from forja_sandbox import testhosts
+from forja_sandbox import firewall, testhosts
 
 FIRST_INDEX = 10
 LAST_INDEX = 19
@@ -29,6 +34,11 @@ def instance_key(instance: dict[str, Any]) -> str:
     """A stable key for an instance: its zone's short name and its own name."""
     zone = str(instance.get("zone", "")).rstrip("/").rsplit("/", 1)[-1]
     return f"{zone}/{instance['name']}"
+
+
+def project_of(instance: dict[str, Any]) -> str:
+    """The project an instance belongs to, from its selfLink (`.../projects/P/zones/...`)."""
+    return str(instance.get("selfLink", "")).partition("/projects/")[2].split("/", 1)[0]
 
 
 def image_of(instance: dict[str, Any]) -> str:
@@ -47,11 +57,26 @@ def image_of(instance: dict[str, Any]) -> str:
 class TestHostBackend:
     """An `InstanceBackend` whose instances are systemd-nspawn hosts th10 … th19."""
 
-    def __init__(self, bindings_file: Path, first: int = FIRST_INDEX, last: int = LAST_INDEX) -> None:
+    def __init__(
+        self,
+        bindings_file: Path,
+        first: int = FIRST_INDEX,
+        last: int = LAST_INDEX,
+        enforce_firewall: bool = True,
+        metadata_url: str | None = None,
+    ) -> None:
         self._file = bindings_file
+        # With a metadata server's URL, hosts run the guest-agent stand-in and have no baked-in key:
+        # SSH access is then what the instance's `ssh-keys` metadata grants, as on GCE.
+        self._metadata_url = metadata_url
         self._first, self._last = first, last
         self._lock = threading.Lock()
         self._bindings: dict[str, int] = {}
+        self._enforce_firewall = enforce_firewall
+        # The project's stored rules as the emulator last reported them; the lock also orders the
+        # loads, so a host never ends with older rules than the newest report.
+        self._firewall_lock = threading.Lock()
+        self._firewalls: dict[str, list[dict[str, Any]]] = {}
         if bindings_file.exists():
             self._bindings = {k: int(v) for k, v in json.loads(bindings_file.read_text()).items()}
 
@@ -87,12 +112,51 @@ class TestHostBackend:
     def create(self, instance: dict[str, Any]) -> str:
         index = self._bind(instance)
         testhosts.down(index)  # a fresh disk, whatever an earlier instance left in this slot
-        return testhosts.up(index, image=image_of(instance)).address
+        rules = self._ruleset(instance)
+        address = testhosts.up(index, image=image_of(instance), firewall=rules,
+                               metadata_url=self._metadata_url).address
+        self._reload_if_changed(instance, index, rules)
+        return address
 
     def start(self, instance: dict[str, Any]) -> str:
         # A stopped host boots its own layers again (th-up.sh keeps them); the image only matters
         # for a slot whose disk is gone.
-        return testhosts.up(self._bind(instance), image=image_of(instance)).address
+        index = self._bind(instance)
+        rules = self._ruleset(instance)
+        address = testhosts.up(index, image=image_of(instance), firewall=rules,
+                               metadata_url=self._metadata_url).address
+        self._reload_if_changed(instance, index, rules, always=True)  # it may have been up already
+        return address
+
+    def _ruleset(self, instance: dict[str, Any]) -> str | None:
+        if not self._enforce_firewall:
+            return None
+        with self._firewall_lock:
+            return firewall.ruleset(self._firewalls.get(project_of(instance), []), instance)
+
+    def _reload_if_changed(
+        self, instance: dict[str, Any], index: int, loaded: str | None, always: bool = False
+    ) -> None:
+        """Load the newest rules if a change was reported while the host booted with `loaded`."""
+        if loaded is None:
+            return
+        with self._firewall_lock:
+            rules = firewall.ruleset(self._firewalls.get(project_of(instance), []), instance)
+            if always or rules != loaded:
+                testhosts.apply_firewall(index, rules)
+
+    def firewalls_changed(
+        self, project: str, firewalls: list[dict[str, Any]], instances: list[dict[str, Any]]
+    ) -> None:
+        """The emulator's report of a project's rules: keep them, and reload every host of it that is up."""
+        if not self._enforce_firewall:
+            return
+        with self._firewall_lock:
+            self._firewalls[project] = list(firewalls)
+            for instance in instances:
+                index = self.index_of(instance)
+                if index is not None:
+                    testhosts.apply_firewall(index, firewall.ruleset(firewalls, instance))
 
     def stop(self, instance: dict[str, Any]) -> None:
         index = self.index_of(instance)

@@ -76,6 +76,11 @@ def base_url(p: int | None = None) -> str:
     return f"http://127.0.0.1:{p or port()}/compute/v1/"
 
 
+def oslogin_url(p: int | None = None) -> str:
+    """The emulator's OS Login API (compute_emulator/oslogin.py), beside its Compute API."""
+    return f"http://127.0.0.1:{p or port()}/oslogin/v1/"
+
+
 def metadata_port(p: int | None = None) -> int:
     """The guests' metadata server listens next to the API (GCE's is 169.254.169.254:80)."""
     return (p or port()) + 1
@@ -85,6 +90,22 @@ def metadata_url(p: int | None = None) -> str:
     """What a sandbox VM uses for http://metadata.google.internal/computeMetadata/v1: the host's
     address on the hosts' bridge, which every sandbox VM routes to."""
     return f"http://{testhosts.net_prefix()}.1:{metadata_port(p)}/computeMetadata/v1"
+
+
+def iap_port(p: int | None = None) -> int:
+    """The IAP stand-in (forja_sandbox/iap.py) listens on 127.0.0.1 here; its client finds it here."""
+    return (p or port()) + 2
+
+
+def address_port(p: int | None = None) -> int:
+    """The "what is my address" echo (a stand-in for api.ipify.org) on 127.0.0.1."""
+    return (p or port()) + 3
+
+
+def address_url(p: int | None = None) -> str:
+    """Where the gcp_instance role detects the controller's address for direct SSH (forja_sandbox/
+    address_echo.py: the address the sandbox's VMs see this machine at, the bridge's)."""
+    return f"http://127.0.0.1:{address_port(p)}/"
 
 
 def _alive(pid_file: Path) -> int | None:
@@ -219,11 +240,15 @@ def serve(p: int) -> None:
 
     FORJA_SANDBOX_FAULTS (a JSON list of `Faults.add` keyword sets) injects failures for drills.
     """
+    from forja_sandbox.address_echo import AddressEcho
     from forja_sandbox.backend import TestHostBackend
     from forja_sandbox.compute_emulator import ComputeEmulator
+    from forja_sandbox.iap import IapStandIn
 
     sp = paths()
-    backend = TestHostBackend(sp.bindings)
+    # As on GCE: the hosts enforce the project's firewall rules (forja_sandbox/firewall.py), and SSH
+    # keys reach them only through metadata, read by the guest-agent stand-in (guest_agent/).
+    backend = TestHostBackend(sp.bindings, enforce_firewall=True, metadata_url=metadata_url(p))
     emulator = ComputeEmulator(host="127.0.0.1", port=p, backend=backend, projects=(PROJECT,),
                                state_file=sp.state)
     sp.pid.write_text(str(os.getpid()))  # only once the port is ours: a loser of a race exits above
@@ -240,8 +265,12 @@ def serve(p: int) -> None:
     watcher = threading.Thread(target=_watch_guest_poweroff, args=(emulator, backend, done), daemon=True)
     watcher.start()
     threading.Thread(target=_serve_metadata, args=(emulator, p, done), daemon=True).start()
+    iap = IapStandIn(emulator.instance, port=iap_port(p)).start()
+    echo = AddressEcho(f"{testhosts.net_prefix()}.1", port=address_port(p)).start()
     print(f"forja sandbox: Compute emulator at {emulator.base_url}", flush=True)
     done.wait()
+    iap.stop()
+    echo.stop()
     emulator.stop()
     with contextlib.suppress(OSError):
         if sp.pid.read_text().strip() == str(os.getpid()):

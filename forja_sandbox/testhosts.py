@@ -15,9 +15,12 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 SCRIPTS = Path(__file__).with_name("scripts")
+#: The guest-agent stand-in th-up.sh installs into hosts that take their SSH keys from metadata.
+GUEST_AGENT = Path(__file__).with_name("guest_agent")
 DEFAULT_NET = "10.213.0"
 RELEASES = ("jammy", "bookworm")
 #: What a host boots: the plain golden image, or the golden image with the Deep Learning VM layer.
@@ -75,8 +78,9 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _run(args: list[str], what: str) -> str:
-    proc = subprocess.run(args, env=_env(), capture_output=True, text=True, check=False)
+def _run(args: list[str], what: str, extra_env: dict[str, str] | None = None) -> str:
+    env = {**_env(), **(extra_env or {})}
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise TestHostError(f"{what} failed (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}")
     return proc.stdout
@@ -197,14 +201,57 @@ def lowerdirs(image: str = "golden", release: str | None = None) -> str:
     return str(golden)
 
 
-def up(index: int, release: str | None = None, image: str = "golden") -> Host:
+def up(index: int, release: str | None = None, image: str = "golden", firewall: str | None = None,
+       metadata_url: str | None = None) -> Host:
     """Boot host `th<index>` (idempotent) and return how to reach it.
 
     ``image="dlvm"`` adds the Deep Learning VM layer (the image's Python with PyTorch). A host
     keeps the layers it was first booted with until it is removed, as a VM keeps its boot disk.
+    ``firewall`` (an `nft -f` ruleset, see `forja_sandbox.firewall`) is loaded into the host's
+    namespace before the host has an address; a host already up is left as it is (use
+    `apply_firewall`).
+    ``metadata_url`` installs the guest-agent stand-in (forja_sandbox/guest_agent), which takes the
+    host's users and SSH keys from that metadata server, and bakes no fixture key in: only what
+    metadata grants logs in, as on a GCE VM.
     """
-    _run([str(SCRIPTS / "th-up.sh"), str(index), lowerdirs(image, release)], f"booting th{index}")
+    lower = lowerdirs(image, release)
+    env = None
+    if firewall is not None:
+        env = {"TH_NFT_FILE": str(_write_firewall(index, firewall))}
+    if metadata_url is not None:
+        env = {**(env or {}), "TH_GUEST_AGENT": str(GUEST_AGENT), "TH_METADATA_URL": metadata_url,
+               "TH_NO_BAKED_KEY": "1"}
+    _run([str(SCRIPTS / "th-up.sh"), str(index), lower], f"booting th{index}", env)
     return Host(index, f"th{index}", address(index), "ansible", key_path())
+
+
+def _write_firewall(index: int, ruleset: str) -> Path:
+    """Keep the host's ruleset in its folder: what th-up.sh loads, and a record of what is loaded."""
+    path = base_dir() / "hosts" / f"th{index}" / "firewall.nft"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".firewall.nft.{os.getpid()}.{threading.get_ident()}")
+    tmp.write_text(ruleset)
+    tmp.replace(path)  # th-up.sh may be reading it: never half written
+    return path
+
+
+def apply_firewall(index: int, ruleset: str) -> bool:
+    """Load ``ruleset`` into running host `th<index>`'s namespace (one `nft -f`, so atomic).
+
+    False when the host has no namespace (it is down; its next boot loads its own rules).
+    """
+    netns = Path("/run/netns") / f"th{index}"
+    if not netns.exists():
+        return False
+    proc = subprocess.run(["ip", "netns", "exec", f"th{index}", "nft", "-f", "-"], input=ruleset,
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        if not netns.exists():
+            return False  # the host went down meanwhile
+        raise TestHostError(f"loading th{index}'s firewall failed (exit {proc.returncode}):\n{proc.stderr}")
+    if (base_dir() / "hosts" / f"th{index}").is_dir():
+        _write_firewall(index, ruleset)
+    return True
 
 
 def down(index: int) -> None:

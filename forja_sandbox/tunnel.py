@@ -68,6 +68,7 @@ def ssh_tunnel(
     strict_host_key_checking: HostKeyPolicy = "accept-new",
     known_hosts_file: str | Path | None = None,
     timeout_s: float = 30.0,
+    proxy_command: str | None = None,
 ) -> Iterator[Tunnel]:
     """Forward ``127.0.0.1:local_port`` to ``127.0.0.1:remote_port`` on ``host`` while the block runs.
 
@@ -84,6 +85,7 @@ def ssh_tunnel(
     argv = ssh_command(
         host, user, key_file, local_port, remote, port=port,
         strict_host_key_checking=strict_host_key_checking, known_hosts_file=known_hosts_file,
+        proxy_command=proxy_command,
     )
     with tempfile.TemporaryFile() as stderr:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)

@@ -69,6 +69,7 @@ class ComputeEmulator:
                 daemon=True,
             )
             self._thread.start()
+            self.api.sync_firewalls()  # a backend that enforces them gets the rules of a state file
         return self
 
     def stop(self) -> None:
@@ -122,6 +123,8 @@ class ComputeEmulator:
     @backend.setter
     def backend(self, backend: InstanceBackend | None) -> None:
         self.api.backend = backend
+        if self._thread is not None:
+            self.api.sync_firewalls()
 
     @property
     def operation_delay_s(self) -> float:

@@ -417,4 +417,5 @@ class InstanceMethods(ApiBase):
         op = self._new_operation(
             call, f"zones/{call.zone}", "setTags", record.data["selfLink"], record.data["id"]
         )
-        return self._launch(call, op, self._maybe_fail(call), record)
+        # Tags choose which firewall rules apply to the instance (targetTags).
+        return self._launch(call, op, self._then_sync_firewalls(call.project, self._maybe_fail(call)), record)

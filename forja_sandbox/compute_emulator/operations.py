@@ -35,6 +35,12 @@ class InstanceBackend(Protocol):
     Called from the operation worker, never from the HTTP thread. `create`/`start` return the
     address to publish as networkIP/natIP (None: the emulator invents one). An exception makes
     the operation end DONE with an error.
+
+    Optional: `firewalls_changed(project, firewalls, instances)` (a backend that enforces the
+    firewall, like the sandbox's) gets copies of the project's stored Firewalls and of its
+    instances whenever what decides a host's firewall changes: on the worker of every firewall
+    insert/patch/delete and of `setTags`, and for every project when the emulator starts or the
+    backend is attached (so rules loaded from a state file reach hosts that are already up).
     """
 
     def create(self, instance: Json) -> str | None: ...
@@ -108,6 +114,7 @@ class ApiBase:
         self.backend = backend
         self.operation_delay_s = operation_delay_s
         self.wait_timeout_s = wait_timeout_s
+        self._firewall_sync = threading.Lock()
 
     @property
     def base(self) -> str:
@@ -194,6 +201,35 @@ class ApiBase:
             op.update(changes)
             self.store.mark_dirty()
             self.store.changed.notify_all()
+
+    def sync_firewalls(self, project: str | None = None) -> None:
+        """Give the backend's optional `firewalls_changed` the project's (or every project's) rules.
+
+        The copies are taken under one lock and handed over under it, so whatever order the
+        workers of two quick changes run in, the backend is left with the newest rules.
+        """
+        hook = getattr(self.backend, "firewalls_changed", None)
+        if hook is None:
+            return
+        with self.store.lock:
+            projects = [project] if project is not None else sorted(self.store.projects)
+        for name in projects:
+            with self._firewall_sync:
+                with self.store.lock:
+                    firewalls = copy.deepcopy(list(self.store.firewalls.get(name, {}).values()))
+                    instances = [copy.deepcopy(r.data) for r in self.store.sorted_instances(name)]
+                hook(name, firewalls, instances)
+
+    def _then_sync_firewalls(self, project: str, work: Callable[[], None]) -> Callable[[], None]:
+        """`work`, then `sync_firewalls(project)` even if it failed (hosts follow the stored state)."""
+
+        def run() -> None:
+            try:
+                work()
+            finally:
+                self.sync_firewalls(project)
+
+        return run
 
     def _fail_from_fault(self, fault: Fault, call: Call) -> OperationFailed:
         """The operation error an `error=` fault stands for, naming the caller's project and zone."""

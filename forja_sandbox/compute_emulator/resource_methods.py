@@ -31,7 +31,7 @@ class ResourceMethods(ApiBase):
             self.store.firewalls[call.project][firewall["name"]] = firewall
             self.store.mark_dirty()
         op = self._new_operation(call, "global", "insert", firewall["selfLink"], firewall["id"])
-        return self._launch(call, op, self._maybe_fail(call))
+        return self._launch(call, op, self._then_sync_firewalls(call.project, self._maybe_fail(call)))
 
     def firewalls_get(self, call: Call) -> Json:
         with self.store.lock:
@@ -54,7 +54,7 @@ class ResourceMethods(ApiBase):
             self.store.firewalls[call.project][current["name"]] = patched
             self.store.mark_dirty()
         op = self._new_operation(call, "global", "patch", patched["selfLink"], patched["id"])
-        return self._launch(call, op, self._maybe_fail(call))
+        return self._launch(call, op, self._then_sync_firewalls(call.project, self._maybe_fail(call)))
 
     def firewalls_delete(self, call: Call) -> Json:
         with self.store.lock:
@@ -62,7 +62,7 @@ class ResourceMethods(ApiBase):
             del self.store.firewalls[call.project][firewall["name"]]
             self.store.mark_dirty()
         op = self._new_operation(call, "global", "delete", firewall["selfLink"], firewall["id"])
-        return self._launch(call, op, self._maybe_fail(call))
+        return self._launch(call, op, self._then_sync_firewalls(call.project, self._maybe_fail(call)))
 
     def zones_get(self, call: Call) -> Json:
         return catalog.zone_resource(self.base, call.project, call.zone)

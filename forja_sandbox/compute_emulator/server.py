@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from . import schema
+from . import oslogin, schema
 from .api import Call
 from .auth import COMPUTE_AUDIENCE, BearerRefused, TokenError
 from .errors import ApiError
@@ -162,6 +162,8 @@ class _Handler(BaseHTTPRequestHandler):
                 status, payload = self._token(raw)
             elif url.path.startswith(API_PREFIX):
                 status, payload = self._api(http_method, url.path[len(API_PREFIX) :], url.query, raw)
+            elif url.path.startswith(oslogin.PREFIX):
+                status, payload = self._oslogin(http_method, url.path[len(oslogin.PREFIX) :], url.query, raw)
             else:
                 raise ApiError(404, f"The requested URL {url.path} was not found on this server.", "notFound")
         except ApiError as exc:
@@ -222,8 +224,25 @@ class _Handler(BaseHTTPRequestHandler):
             result = project(json.loads(result) if isinstance(result, bytes) else result, selection)
         return 200, result
 
-    def _authenticate(self, method: schema.Method) -> str:
-        """The caller's service account, from an issued access token or a self-signed JWT."""
+    def _oslogin(self, http_method: str, path: str, query_string: str, raw: bytes) -> tuple[int, Any]:
+        """The OS Login API's methods the emulator serves (compute_emulator/oslogin.py)."""
+        emulator = self.server.emulator
+        with emulator.log.lock:
+            emulator.log.requests += 1
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            raise ApiError(400, "The body is not JSON.", "parseError") from None
+        principal = self._authenticate(oslogin.scopes_for(http_method), oslogin.AUDIENCE)
+        query = parse_qs(query_string, keep_blank_values=True)
+        return 200, oslogin.handle(emulator.store, http_method, path, query, body, principal)
+
+    def _authenticate(self, method: schema.Method | frozenset[str], audience: str = COMPUTE_AUDIENCE) -> str:
+        """The caller's service account, from an issued access token or a self-signed JWT.
+
+        `method`: the Compute method called, or the scopes that allow a call of another API
+        (OS Login), whose self-signed JWTs name that API's `audience`.
+        """
         emulator = self.server.emulator
         authorization = self.headers.get("Authorization")
         if not authorization:
@@ -235,9 +254,10 @@ class _Handler(BaseHTTPRequestHandler):
                 location="Authorization",
                 headers={"WWW-Authenticate": f'Bearer realm="{_REALM}"'},
             )
-        audiences = (COMPUTE_AUDIENCE, COMPUTE_AUDIENCE.rstrip("/"), emulator.url + "/", emulator.url)
+        audiences = (audience, audience.rstrip("/"), emulator.url + "/", emulator.url)
+        scopes = method if isinstance(method, frozenset) else method.scopes
         try:
-            return emulator.store.keyring.authenticate(authorization, audiences, method.scopes)
+            return emulator.store.keyring.authenticate(authorization, audiences, scopes)
         except BearerRefused as refused:
             if refused.status == 403:
                 raise ApiError(

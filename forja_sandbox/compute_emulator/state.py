@@ -65,6 +65,8 @@ class Store:
         # Guest attributes live beside the instance resource (GCE never returns them inside it),
         # keyed by instance id: a new instance of the same name starts with none.
         self.guest_attributes: dict[str, dict[str, str]] = {}
+        # OS Login profiles' SSH keys (oslogin.py): account email -> fingerprint -> SshPublicKey.
+        self.oslogin_keys: dict[str, dict[str, dict[str, Any]]] = {}
         self._sorted: dict[str, list[InstanceRecord]] = {}
         self.version = 0  # bumped on every instance change; keys the query cache
         self._queries: dict[Any, tuple[int, list[InstanceRecord]]] = {}
@@ -203,6 +205,7 @@ class Store:
                 "counters": dict(self.counters),
                 "auth": self.keyring.dump(),
                 "guest_attributes": self.guest_attributes,
+                "oslogin_keys": self.oslogin_keys,
             }
             encoded = json.dumps(data, separators=(",", ":"))
         tmp = self.state_file.with_name(f".{self.state_file.name}.{os.getpid()}.tmp")
@@ -239,6 +242,7 @@ class Store:
         self.counters.update(data.get("counters", {}))
         self.keyring.load(data.get("auth", {}))
         self.guest_attributes = {k: dict(v) for k, v in data.get("guest_attributes", {}).items()}
+        self.oslogin_keys = {k: dict(v) for k, v in data.get("oslogin_keys", {}).items()}
 
     def wait_for(self, predicate: Any, timeout: float) -> bool:
         deadline = time.monotonic() + timeout

@@ -4,6 +4,8 @@
 # on bridge thbr0 with NAT to the uplink. Idempotent: a host that is already up is left alone.
 # IMAGE_DIRS is the golden image folder, or several layers joined by ':' with the top one first
 # (overlayfs's lowerdir syntax), e.g. the Deep Learning VM layer over the golden image.
+# TH_NFT_FILE (optional; the sandbox backend's GCE firewall) is loaded into the host's namespace with
+# `nft -f` before the host has an address; port 22 is then not waited for (the rules may close it).
 set -euo pipefail
 N=$1; IMG=$2
 TH_BASE=${TH_BASE:?}; TH_NET=${TH_NET:-10.213.0}; KEY=${TH_KEY:-$TH_BASE/ssh/id_ed25519}
@@ -40,6 +42,8 @@ table ip testhosts {
 }
 NFT
   fi
+  # An address of Google's IAP range (35.235.240.0/20): the sandbox's IAP stand-in connects from it.
+  ip addr replace 35.235.240.1/32 dev thbr0
   # The host's namespace joins the bridge under the same lock: a th-down.sh of the last other host
   # looks for namespaces under it before removing the bridge and the NAT this host needs.
   ip netns del "$NS" 2>/dev/null || true
@@ -47,13 +51,27 @@ NFT
   ip link add "$NS-h" type veth peer name eth0 netns "$NS"
   ip link set "$NS-h" master thbr0 up
 ) 9>"$TH_BASE/.bridge.lock"
+# The instance's firewall (TH_NFT_FILE, from forja_sandbox/firewall.py via the sandbox backend), loaded
+# before the namespace has an address, so nothing reaches the host that the rules do not admit.
+if [ -n "${TH_NFT_FILE:-}" ]; then ip netns exec "$NS" nft -f "$TH_NFT_FILE"; fi
 ip -n "$NS" link set lo up
 ip -n "$NS" addr add "$IP/24" dev eth0; ip -n "$NS" link set eth0 up
 ip -n "$NS" route add default via "$TH_NET.1"
 echo "$NS" > "$R/etc/hostname"
 printf '127.0.0.1 localhost\n127.0.1.1 %s\n' "$NS" > "$R/etc/hosts"
-for d in root/.ssh home/ansible/.ssh; do install -d -m 700 "$R/$d"; install -m 600 "$KEY.pub" "$R/$d/authorized_keys"; done
-chroot "$R" chown -R ansible: /home/ansible/.ssh
+if [ -z "${TH_NO_BAKED_KEY:-}" ]; then   # the fixture's key; a sandbox VM gets its keys from metadata instead
+  for d in root/.ssh home/ansible/.ssh; do install -d -m 700 "$R/$d"; install -m 600 "$KEY.pub" "$R/$d/authorized_keys"; done
+  chroot "$R" chown -R ansible: /home/ansible/.ssh
+fi
+# TH_GUEST_AGENT (optional): the folder of the guest-agent stand-in (forja_sandbox/guest_agent), which
+# makes users and authorized_keys from the metadata server at TH_METADATA_URL, as Google's agent does.
+if [ -n "${TH_GUEST_AGENT:-}" ]; then
+  install -D -m 755 "$TH_GUEST_AGENT/agent.py" "$R/usr/local/lib/forja-guest-agent/agent.py"
+  install -m 644 "$TH_GUEST_AGENT/forja-guest-agent.service" "$R/etc/systemd/system/forja-guest-agent.service"
+  printf 'FORJA_METADATA_URL=%s\n' "${TH_METADATA_URL:?TH_GUEST_AGENT needs TH_METADATA_URL}" > "$R/etc/default/forja-guest-agent"
+  install -d "$R/etc/systemd/system/multi-user.target.wants"
+  ln -sfn ../forja-guest-agent.service "$R/etc/systemd/system/multi-user.target.wants/forja-guest-agent.service"
+fi
 DNS=$(awk '/^nameserver/{print $2; exit}' /etc/resolv.conf)   # the host's resolver, reached through NAT
 if [ -L "$R/etc/resolv.conf" ]; then   # Ubuntu: keep systemd-resolved, give it an upstream
   mkdir -p "$R/etc/systemd/resolved.conf.d"; printf '[Resolve]\nDNS=%s\n' "$DNS" > "$R/etc/systemd/resolved.conf.d/th.conf"
@@ -83,5 +101,6 @@ for _ in $(seq 1 100); do   # the bus may not exist yet right after PID 1 starts
   case $st in running|degraded) break;; esac; sleep 0.1
 done
 ip neigh flush to "$IP" 2>/dev/null || true   # a host that went down by itself leaves a stale ARP entry
-timeout 30 bash -c "until echo > /dev/tcp/$IP/22; do sleep 0.1; done" 2>/dev/null
+# With a firewall, port 22 may rightly be closed to this machine: systemd's "running" is enough.
+[ -n "${TH_NFT_FILE:-}" ] || timeout 30 bash -c "until echo > /dev/tcp/$IP/22; do sleep 0.1; done" 2>/dev/null
 echo "$NS $IP up"

@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 
 from forja import host_contract
-from forja_sandbox import service, testhosts
+from forja_sandbox import iap, service, testhosts
 from forja_sandbox.colab import run_via_direct
 from forja_sandbox.tunnel import ssh_tunnel
 
@@ -61,12 +61,13 @@ def play(playbook: str, *extra: str) -> tuple[float, int]:
     return wall, sum(int(n) for n in re.findall(r"changed=(\d+)", proc.stdout))
 
 
-def first_cell(address: str, token_file: Path) -> tuple[float, str]:
+def first_cell(address: str, token_file: Path, proxy_command: str | None = None) -> tuple[float, str]:
     """Open the tunnel and run Colab's first cell on the default kernel; wall time and its output."""
     token = token_file.read_text()
     start = time.perf_counter()
     with ssh_tunnel(address, "ansible", testhosts.key_path(), LOCAL_PORT, REMOTE_PORT,
-                    strict_host_key_checking="no", known_hosts_file="/dev/null") as tunnel:
+                    strict_host_key_checking="no", known_hosts_file="/dev/null",
+                    proxy_command=proxy_command) as tunnel:
         out = run_via_direct(tunnel.base_url, token, FIRST_CELL, timeout_s=120)
     return time.perf_counter() - start, out.strip()
 
@@ -84,7 +85,9 @@ def on_sandbox() -> list[tuple[str, float, str]]:
         wall, changed = play(playbook, "-i", "inventory/sandbox")
         rows.append((name, wall, f"changed={changed}"))
     (row,) = [r for r in service.describe()["instances"] if str(r["instance"]).endswith(f"/{VM}")]
-    wall, out = first_cell(str(row["address"]), Path.home() / ".config/forja/tokens" / f"{VM}.jupyter-token")
+    zone = str(row["instance"]).split("/", 1)[0]
+    wall, out = first_cell(str(row["address"]), Path.home() / ".config/forja/tokens" / f"{VM}.jupyter-token",
+                           iap.proxy_command(VM, zone, service.PROJECT))  # the sandbox admits SSH via IAP
     rows.append(("first Colab cell: tunnel, import torch, train", wall, out))
     return rows
 

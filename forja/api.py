@@ -706,7 +706,7 @@ class Forja:
         host: str | None = None,
         local_port: int | None = None,
         *,
-        iap: bool | None = None,
+        gcloud: bool = False,
         show_token: bool = False,
         start: bool = False,
     ) -> TunnelPlan:
@@ -727,7 +727,7 @@ class Forja:
             chosen = self.gpu_host(host)
         if chosen.stopped:
             raise inventory.stopped_error(chosen)
-        connection = self.jupyter(chosen.name, iap=iap)[chosen.name]
+        connection = self.jupyter(chosen.name, gcloud=gcloud)[chosen.name]
         return connection.plan(chosen.name, local_port, show_token)
 
     def gpu_host(self, host: str | None = None) -> InventoryHost:
@@ -744,19 +744,18 @@ class Forja:
         return chosen[0]
 
     def jupyter(
-        self, host: str | None = None, *, iap: bool | None = None
+        self, host: str | None = None, *, gcloud: bool = False
     ) -> dict[str, contract.JupyterConnection]:
         """How to reach each host's Jupyter from Colab, as the jupyter_colab role publishes it.
 
         Runs playbooks/jupyter_connection.yml (changes nothing on the host): the port is the one the
-        host's Jupyter serves, the tunnel command the role's own (gcloud's IAP form when `iap`, plain
-        ssh when `iap` is False, the role's choice when None); the token is copied to this machine
-        again, never published.
+        host's Jupyter serves, the tunnel command ssh along Ansible's own path to the host (through
+        IAP in iap mode, as the firewall admits), or gcloud compute ssh when `gcloud`; the token is
+        copied to this machine again, never published.
         """
         extravars: dict[str, Any] = {"forja_hosts": host} if host else {}
-        if iap is not None:
-            extravars |= {"jupyter_colab_tunnel_style": "gcloud" if iap else "ssh",
-                          "jupyter_colab_tunnel_via_iap": iap}
+        if gcloud:
+            extravars["jupyter_colab_tunnel_style"] = "gcloud"
         result = self._run("jupyter_connection.yml", extravars)
         found = contract.read_stats(result.artifact_data).jupyter
         if host and host not in found:

@@ -612,10 +612,11 @@ def tunnel(
     local_port: Annotated[
         int | None, typer.Option("--local-port", help="Port on this machine (default: the Jupyter port).")
     ] = None,
-    iap: Annotated[
-        bool | None,
-        typer.Option("--iap/--no-iap", help="Use gcloud's IAP tunnel (default: host has no address)."),
-    ] = None,
+    gcloud: Annotated[
+        bool,
+        typer.Option("--gcloud", help="Print gcloud compute ssh (through IAP in iap mode) instead of "
+                     "ssh along Ansible's own path."),
+    ] = False,
     show_token: Annotated[
         bool, typer.Option("--show-token", help="Put the real token in the printed URL.")
     ] = False,
@@ -628,7 +629,8 @@ def tunnel(
 ) -> None:
     o = _opts(ctx)
     with _progress(start and not o.json) as on_event:
-        plan = _forja(ctx, on_event).tunnel(host, local_port, iap=iap, show_token=show_token, start=start)
+        plan = _forja(ctx, on_event).tunnel(host, local_port, gcloud=gcloud, show_token=show_token,
+                                            start=start)
     if o.json:
         _emit_json(plan)
     else:

@@ -29,8 +29,12 @@ def ssh_command(
     strict_host_key_checking: HostKeyPolicy = "accept-new",
     known_hosts_file: str | Path | None = None,
     connect_timeout_s: int = 10,
+    proxy_command: str | None = None,
 ) -> list[str]:
-    """The exact ``ssh`` argv that ``ssh_tunnel`` runs (pure, so it can be shown and tested)."""
+    """The exact ``ssh`` argv that ``ssh_tunnel`` runs (pure, so it can be shown and tested).
+
+    ``proxy_command`` is ssh's ProxyCommand, e.g. an IAP tunnel to the instance (``%p`` is the port).
+    """
     argv = [
         "ssh", "-N",
         "-o", "BatchMode=yes",
@@ -45,6 +49,8 @@ def ssh_command(
         argv += ["-o", f"UserKnownHostsFile={known_hosts_file}"]
     if key_file is not None:
         argv += ["-i", str(key_file), "-o", "IdentitiesOnly=yes"]
+    if proxy_command:
+        argv += ["-o", f"ProxyCommand={proxy_command}"]
     argv += ["-L", f"127.0.0.1:{local_port}:127.0.0.1:{remote_port}", f"{user}@{host}"]
     return argv
 

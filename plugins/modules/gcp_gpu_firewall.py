@@ -1,7 +1,7 @@
 #!/usr/bin/python
 # Copyright: forja contributors
 # Apache-2.0
-"""An SSH-only ingress firewall rule for forja's GPU VMs, from Google's IAP range by default."""
+"""An SSH-only ingress firewall rule for forja's GPU VMs, and a check that SSH's path is admitted."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import (
     config_from_params,
     short_name,
 )
+from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_firewall import decide, refusal
 from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_instance import (
     NAME_RE,
     SpecError,
@@ -30,6 +31,11 @@ description:
     (C(gcloud compute ssh --tunnel-through-iap)), or the addresses you list. C(0.0.0.0/0) is refused.
   - It never opens any other port. Jupyter listens on 127.0.0.1 on the VM and is reached through the
     SSH tunnel, so no rule for its port exists, by design; there is no option to add one.
+  - With O(admit_source), it then reads every ingress rule of the network and fails, naming the rules
+    it saw, unless they admit C(tcp:22) from every address of that source to a VM with O(target_tags),
+    as Compute Engine decides (lowest priority number first, a deny wins a tie, else implied deny).
+    That is how forja checks that the SSH path Ansible uses (IAP's range, or the controller's address)
+    and the rules agree, also with O(state=absent) when the user keeps their own rule.
   - Idempotent, with check mode and C(--diff). Runs on the controller.
 version_added: "0.1.0"
 author: forja contributors
@@ -64,6 +70,16 @@ options:
     description: Rule priority (lower wins).
     type: int
     default: 1000
+  admit_source:
+    description:
+      - Address or CIDR that SSH connects from; when set, the network's rules (after this run's change)
+        must admit C(tcp:22) from it to O(target_tags), or the module fails. Empty means no check.
+    type: str
+    default: ""
+  ssh_path:
+    description: How Ansible connects (iap, direct, own_rule), named in the failure message.
+    type: str
+    default: ""
 notes:
   - Supports C(check_mode) and C(diff).
 seealso:
@@ -96,6 +112,10 @@ firewall:
     source_ranges: {description: Allowed sources., type: list}
     target_tags: {description: Target tags., type: list}
     ports: {description: Always the single port 22., type: list}
+admitted_by:
+  description: The rule that admits SSH from O(admit_source).
+  returned: when admit_source is set
+  type: str
 """
 
 SSH_PORT = "22"
@@ -129,6 +149,29 @@ def rule_body(params: dict[str, Any], ranges: list[str]) -> dict[str, Any]:
     }
 
 
+def check_path(client: GcpClient, project: str, params: dict[str, Any],
+               ours: dict[str, Any] | None) -> str:
+    """The rule admitting SSH from admit_source ('' when unchecked); SpecError when none does.
+
+    Reads the network's rules and puts this run's own rule in as it is after the run (also in check
+    mode, where nothing changed yet).
+    """
+    source = params["admit_source"]
+    if not source:
+        return ""
+    listing = client.get(f"projects/{project}/global/firewalls") or {}
+    rules = [r for r in listing.get("items") or []
+             if short_name(r.get("network")) == params["network"] and r.get("name") != params["name"]
+             and not r.get("disabled") and (r.get("direction") or "INGRESS") == "INGRESS"]
+    if ours is not None:
+        rules.append(ours)
+    decider = decide(rules, source, params["target_tags"], int(SSH_PORT))
+    if decider is None or decider.get("denied"):
+        raise SpecError(refusal(rules, decider, params["network"], source, params["target_tags"],
+                                int(SSH_PORT), params["ssh_path"]))
+    return str(decider["name"])
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
@@ -138,6 +181,8 @@ def main() -> None:
             "source_ranges": {"type": "list", "elements": "str", "default": ["35.235.240.0/20"]},
             "target_tags": {"type": "list", "elements": "str", "default": ["forja-ssh"]},
             "priority": {"type": "int", "default": 1000},
+            "admit_source": {"type": "str", "default": ""},
+            "ssh_path": {"type": "str", "default": ""},
             **AUTH_ARGUMENT_SPEC,
         },
         mutually_exclusive=[("credentials_file", "credentials_json")],
@@ -152,6 +197,8 @@ def main() -> None:
                 "target_tags: give at least one tag, or the rule would apply to every VM of the network"
             )
         ranges = validate_source_ranges(params["source_ranges"])
+        if params["admit_source"]:
+            validate_source_ranges([params["admit_source"]])
         if not ranges:
             raise SpecError("source_ranges: give at least one CIDR (35.235.240.0/20 is Google's IAP range)")
         config = config_from_params(params, "forja-gcp-gpu-firewall/0.1")
@@ -174,11 +221,14 @@ def main() -> None:
             else:
                 op = client.request("POST", f"projects/{project}/global/firewalls", body=want)
             client.wait_operation(op or {}, project=project, timeout_s=float(params["operation_timeout"]))
+        admitted_by = check_path(client, project, params, want if params["state"] == "present" else None)
     except SpecError as exc:
         module.fail_json(msg=str(exc), changed=False)
     except GcpError as exc:
         module.fail_json(msg=exc.message, http_status=exc.status, reason=exc.reason)
     result: dict[str, Any] = {"changed": changed}
+    if admitted_by:
+        result["admitted_by"] = admitted_by
     if params["state"] == "present":
         result["firewall"] = after
     if module._diff:

@@ -236,8 +236,8 @@ def test_tunnel_puts_the_token_in_the_url_only_when_asked(
 
 
 @pytest.mark.hosts
-def test_tunnel_uses_iap_when_asked(served_th7: testhosts.Host, home: Path, tmp_path: Path) -> None:
-    result = tunnel(served_th7, tmp_path, "--iap")
+def test_tunnel_prints_gcloud_when_asked(served_th7: testhosts.Host, home: Path, tmp_path: Path) -> None:
+    result = tunnel(served_th7, tmp_path, "--gcloud")
     assert result.exit_code == 0, result.output
     command = json.loads(result.stdout)["command"]
     assert command[:3] == ["gcloud", "compute", "ssh"] and "--tunnel-through-iap" in command

@@ -98,7 +98,8 @@ def test_only_the_installed_copy_is_seen(installed: dict):
 
 def test_ansible_doc_renders_the_installed_plugins(installed: dict):
     for kind, name in (("module", "forja.gpu.gcp_gpu_instance"), ("inventory", "forja.gpu.gcp_gpu"),
-                       ("filter", "forja.gpu.forja_hourly_rate"), ("role", "forja.gpu.trainer_run")):
+                       ("filter", "forja.gpu.forja_hourly_rate"), ("role", "forja.gpu.trainer_run"),
+                       ("vars", "forja.gpu.gcp_ssh_path")):
         doc = _run([str(BIN / "ansible-doc"), "-t", kind, name], installed["env"], installed["work"])
         assert doc.returncode == 0 and "[WARNING]" not in doc.stderr, doc.stderr
         assert str(installed["root"]) in doc.stdout or kind == "role", doc.stdout[:300]

@@ -31,16 +31,22 @@ def play(env, inventory_dir, playbook, *extra):
     return {host: int(changed) for host, changed in recap.items()}, proc.stdout
 
 
-def test_provision_then_teardown_stop_then_delete(emulator, key_file, inventory_dir):
+def test_provision_then_teardown_stop_then_delete(emulator, key_file, inventory_dir, tmp_path):
     env = emulator_env(emulator, key_file)
-    no_ssh = ("-e", "gcp_instance_wait_for_ssh=false")
+    ssh_key = tmp_path / "keys" / "id_forja"
+    no_ssh = ("-e", "gcp_instance_wait_for_ssh=false", "-e", f"gcp_instance_ssh_key_file={ssh_key}")
 
     changed, out = play(env, inventory_dir, "playbooks/provision.yml", *no_ssh)
-    assert changed["localhost"] == 2, out  # the firewall rule and the VM
+    assert changed["localhost"] == 3, out  # the firewall rule, the SSH key the user lacked, the VM
+    assert ssh_key.stat().st_mode & 0o777 == 0o600 and ssh_key.parent.stat().st_mode & 0o777 == 0o700
+    public = ssh_key.with_suffix(".pub").read_text().strip()
+    assert "PRIVATE" not in out and public.split()[1] not in out, "the key is never shown"
     assert "forja-l4" in changed, "refresh_inventory must bring the new VM into the second play"
     vm = emulator.instance(PROJECT, "us-east1-d", "forja-l4")
     assert vm["status"] == "RUNNING" and vm["labels"]["forja"] == "managed"
     assert vm["machineType"].endswith("/g2-standard-8") and vm["tags"]["items"] == ["forja-ssh"]
+    metadata = {i["key"]: i["value"] for i in vm["metadata"]["items"]}
+    assert metadata["ssh-keys"] == f"ansible:{public}", "the key reaches the VM as Google's agent reads it"
     rule = emulator.store.firewalls[PROJECT]["forja-allow-ssh"]
     assert rule["sourceRanges"] == ["35.235.240.0/20"] and rule["allowed"] == [
         {"IPProtocol": "tcp", "ports": ["22"]}
@@ -49,7 +55,7 @@ def test_provision_then_teardown_stop_then_delete(emulator, key_file, inventory_
     changed, out = play(env, inventory_dir, "playbooks/provision.yml", *no_ssh)
     assert set(changed.values()) == {0}, out
 
-    changed, out = play(env, inventory_dir, "playbooks/teardown.yml")
+    changed, out = play(env, inventory_dir, "playbooks/teardown.yml", *no_ssh)
     assert changed["localhost"] == 1, out
     assert emulator.instance(PROJECT, "us-east1-d", "forja-l4")["status"] == "TERMINATED"
 

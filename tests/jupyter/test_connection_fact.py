@@ -16,11 +16,18 @@ import yaml
 from jupyter_helpers import REPO, ansible_playbook
 
 HOSTS = {
-    "gcp": {"gcp_name": "forja-l4", "zone": "us-east1-d", "ansible_host": "34.1.2.3"},
-    "gcp_no_iap": {"gcp_name": "forja-l4", "zone": "us-east1-d", "jupyter_colab_tunnel_via_iap": False},
-    "inventoried": {"instance_name": "forja-l4", "zone": "us-east1-d", "project": "my-proj"},
+    "gcp": {"gcp_name": "forja-l4", "zone": "us-east1-d", "ansible_host": "34.1.2.3",
+            "jupyter_colab_tunnel_style": "gcloud"},
+    "gcp_no_iap": {"gcp_name": "forja-l4", "zone": "us-east1-d", "jupyter_colab_tunnel_via_iap": False,
+                   "jupyter_colab_tunnel_style": "gcloud"},
+    "inventoried": {"instance_name": "forja-l4", "zone": "us-east1-d", "project": "my-proj",
+                    "jupyter_colab_tunnel_style": "gcloud"},
     "sandboxed": {"instance_name": "forja-l4", "zone": "us-east1-d", "ansible_host": "10.213.0.21",
-                  "ansible_user": "ansible", "jupyter_colab_tunnel_style": "ssh"},
+                  "ansible_user": "ansible"},
+    "through_iap": {"instance_name": "forja-l4", "zone": "us-east1-d", "ansible_host": "10.128.0.5",
+                    "ansible_user": "ansible", "ansible_ssh_private_key_file": "/keys/id",
+                    "ansible_ssh_common_args": "-o StrictHostKeyChecking=accept-new -o 'ProxyCommand="
+                    "gcloud compute start-iap-tunnel forja-l4 %p --listen-on-stdin --zone=us-east1-d'"},
     "forced_ssh": {"gcp_name": "forja-l4", "zone": "us-east1-d", "ansible_host": "34.1.2.3",
                    "jupyter_colab_tunnel_style": "ssh"},
     "plain": {"ansible_host": "10.213.0.11", "ansible_user": "ansible"},
@@ -78,7 +85,15 @@ def test_the_gcp_inventory_hostvars_give_the_gcloud_command_with_the_project(out
     )
 
 
-def test_a_sandbox_host_gets_ssh_although_it_looks_like_a_gcp_instance(output: str):
+def test_the_ssh_command_takes_ansibles_path_through_iap(output: str):
+    assert _fact(output, "through_iap")["tunnel_command"] == (
+        "ssh -N -L 8888:127.0.0.1:8888 -i /keys/id -o StrictHostKeyChecking=accept-new -o "
+        "'ProxyCommand=gcloud compute start-iap-tunnel forja-l4 %p --listen-on-stdin --zone=us-east1-d'"
+        " ansible@10.128.0.5"
+    )
+
+
+def test_a_gcp_instance_gets_ansibles_ssh_path_unless_gcloud_is_asked(output: str):
     assert _fact(output, "sandboxed")["tunnel_command"] == "ssh -N -L 8888:127.0.0.1:8888 ansible@10.213.0.21"
 
 

@@ -118,7 +118,10 @@ def test_the_sandbox_inventory_states_the_services_own_endpoint(monkeypatch: pyt
     assert str(Path(source["credentials_file"]).expanduser()) == key
     assert str(Path(group_vars["gcp_instance_credentials_file"]).expanduser()) == key
     assert group_vars["autostop_metadata_url"] == endpoint["metadata_url"]
-    assert group_vars["jupyter_colab_tunnel_style"] == "ssh", "sandbox hosts are plain SSH hosts"
+    assert group_vars["gcp_instance_ssh_address_url"] == service.address_url()
+    assert group_vars["gcp_instance_os_login_url"] == service.oslogin_url()
+    assert str(Path(group_vars["gcp_instance_ssh_key_file"]).expanduser()) == str(testhosts.key_path())
+    assert group_vars["gcp_instance_ssh_iap_command"].endswith("-m forja_sandbox.iap start-iap-tunnel")
     assert sorted(p.name for p in SANDBOX.iterdir()) == ["gcp_gpu.yml", "group_vars"], (
         "the sandbox's inventory is its gcp_gpu source and variables: no source that starts a service")
 

@@ -47,7 +47,7 @@ from renamed_tree import renamed_copy
 
 from forja.api import Forja
 from forja.history import History
-from forja_sandbox import colab, service, testhosts
+from forja_sandbox import colab, iap, service, testhosts
 from forja_sandbox.tunnel import ssh_tunnel
 
 pytestmark = [pytest.mark.hosts, pytest.mark.slow]
@@ -70,7 +70,7 @@ def _playbook(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
     return proc
 
 
-def _compute(method: str, path: str) -> dict:
+def _compute(method: str, path: str, body: dict | None = None) -> dict:
     """One Compute API call to the sandbox, authorised with the sandbox's own service-account key."""
     import google.auth.transport.requests
     from google.oauth2 import service_account
@@ -80,9 +80,19 @@ def _compute(method: str, path: str) -> dict:
         endpoint["credentials_file"], scopes=["https://www.googleapis.com/auth/compute"])
     creds.refresh(google.auth.transport.requests.Request())
     resp = requests.request(method, f"{endpoint['api_url']}projects/{endpoint['project']}/{path}",
-                            headers={"Authorization": f"Bearer {creds.token}"}, timeout=60)
+                            headers={"Authorization": f"Bearer {creds.token}"}, json=body, timeout=60)
     resp.raise_for_status()
     return resp.json()
+
+
+def _done(operation: dict) -> None:
+    """Wait until a global operation (a firewall change) is DONE, as gcloud does."""
+    deadline = time.monotonic() + 60
+    while operation.get("status") != "DONE":
+        assert time.monotonic() < deadline, operation
+        time.sleep(0.2)
+        operation = _compute("GET", f"global/operations/{operation['name']}")
+    assert "error" not in operation, operation
 
 
 def _instances() -> list[dict]:
@@ -105,10 +115,15 @@ def _address(vm: dict) -> str:
     return vm["networkInterfaces"][0]["accessConfigs"][0]["natIP"]
 
 
-def _on_host(address: str, command: str) -> str:
-    ssh = ["ssh", "-i", str(testhosts.key_path()), "-o", "StrictHostKeyChecking=no", "-o",
+def _through_iap(vm: dict) -> str:
+    """The ProxyCommand Ansible uses for the VM: the sandbox's firewall admits SSH from IAP only."""
+    return iap.proxy_command(vm["name"], vm["zone"].rsplit("/", 1)[-1], service.PROJECT)
+
+
+def _on_host(vm: dict, command: str, key: Path | None = None) -> str:
+    ssh = ["ssh", "-i", str(key or testhosts.key_path()), "-o", "StrictHostKeyChecking=no", "-o",
            "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=5",
-           f"ansible@{address}", command]
+           "-o", f"ProxyCommand={_through_iap(vm)}", f"ansible@{_address(vm)}", command]
     return subprocess.run(ssh, capture_output=True, text=True, timeout=30, check=False).stdout
 
 
@@ -144,11 +159,10 @@ def test_colab_reaches_the_provisioned_jupyter_through_a_tunnel(
     first_run: subprocess.CompletedProcess[str],
 ) -> None:
     (vm,) = _instances()
-    address = _address(vm)
     token_file = Path.home() / ".config" / "forja" / "tokens" / "forja-l4.jupyter-token"
     assert token_file.stat().st_mode & 0o077 == 0, "the fetched token must be readable by its owner only"
     token = token_file.read_text()
-    with ssh_tunnel(address, "ansible", testhosts.key_path(), 8888, 8888,
+    with ssh_tunnel(_address(vm), "ansible", testhosts.key_path(), 8888, 8888, proxy_command=_through_iap(vm),
                     strict_host_key_checking="no", known_hosts_file="/dev/null") as tunnel:
         assert colab.run_via_http_over_ws(tunnel.base_url, token, "print(1+1)").strip() == "2"
         assert colab.run_via_direct(tunnel.base_url, token, "print(1+1)").strip() == "2"
@@ -192,7 +206,7 @@ def test_a_preempted_spot_vm_comes_back_and_its_training_resumes_and_finishes(
     (vm,) = _instances()
     checkpoints = "/var/lib/forja/runs/drill/checkpoints"
     deadline = time.monotonic() + 120
-    while "ckpt" not in _on_host(_address(vm), f"sudo ls {checkpoints}"):
+    while "ckpt" not in _on_host(vm, f"sudo ls {checkpoints}"):
         assert time.monotonic() < deadline, "no checkpoint within 120 s of the start"
         time.sleep(0.5)
     _preempt(vm)
@@ -217,7 +231,7 @@ def test_a_preempted_spot_vm_comes_back_and_its_training_resumes_and_finishes(
         "drill", "completed", 1, summary["lost_steps"])
     # Jupyter is enabled at boot too: Colab reaches it again after the restart
     token = (Path.home() / ".config" / "forja" / "tokens" / "forja-l4.jupyter-token").read_text()
-    with ssh_tunnel(_address(vm), "ansible", testhosts.key_path(), 8888, 8888,
+    with ssh_tunnel(_address(vm), "ansible", testhosts.key_path(), 8888, 8888, proxy_command=_through_iap(vm),
                     strict_host_key_checking="no", known_hosts_file="/dev/null") as tunnel:
         assert colab.run_via_direct(tunnel.base_url, token, "print(2+2)").strip() == "4"
 
@@ -328,7 +342,7 @@ MOVED_PORT = 18890
 
 
 def _autostop_config(vm: dict[str, Any]) -> dict[str, Any]:
-    return json.loads(_on_host(_address(vm), "sudo cat /etc/forja/autostop.json"))
+    return json.loads(_on_host(vm, "sudo cat /etc/forja/autostop.json"))
 
 
 def test_forja_tunnel_follows_a_jupyter_port_moved_with_e(
@@ -352,6 +366,96 @@ def test_forja_tunnel_follows_a_jupyter_port_moved_with_e(
         back = _forja(*SPOT, "configure")
     assert back.returncode == 0, back.stdout[-2000:] + back.stderr[-2000:]
     assert _autostop_config(vm)["jupyter_url"] == "http://127.0.0.1:8888"
+
+
+def test_each_ssh_path_reaches_the_vm_and_a_path_the_rules_refuse_is_named(
+    first_run: subprocess.CompletedProcess[str],
+) -> None:
+    """Issue 14: the firewall rule and Ansible's path always agree, and the sandbox's hosts enforce
+    the rules. direct: the rule admits this machine's detected address only, so IAP's range no longer
+    reaches the VM, and Colab's tunnel goes straight to it; own_rule: forja drops its rule and checks
+    the user's; without the user's rule, `forja up` fails before connecting, naming the path and the
+    rules; iap again, and the VM is reached through the IAP stand-in."""
+    token = TOKEN_FILE.read_text().strip()
+    bridge = f"{testhosts.net_prefix()}.1"
+    direct, own = ("-e", "gcp_instance_ssh_mode=direct"), ("-e", "gcp_instance_ssh_mode=own_rule")
+    try:
+        up = _forja(*SPOT, *direct, "up")
+        assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-2000:]
+        assert _compute("GET", "global/firewalls/forja-allow-ssh")["sourceRanges"] == [f"{bridge}/32"]
+        (vm,) = _instances()
+        assert "through-iap" not in _on_host(vm, "echo through-iap"), "IAP's range is not admitted now"
+        with _forja_tunnel(*direct) as (url, printed):
+            assert "ProxyCommand" not in printed and f"ansible@{_address(vm)}" in printed, printed
+            assert colab.run_via_direct(url, token, "print(6*7)", timeout_s=120).strip() == "42"
+
+        _done(_compute("POST", "global/firewalls", {
+            "name": "my-ssh", "network": "global/networks/default", "sourceRanges": [f"{bridge}/32"],
+            "targetTags": ["forja-ssh"], "allowed": [{"IPProtocol": "tcp", "ports": ["22"]}]}))
+        up = _forja(*SPOT, *own, "up")
+        assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-2000:]
+        names = {r["name"] for r in _compute("GET", "global/firewalls").get("items", [])}
+        assert names == {"my-ssh"}, "own_rule: forja keeps no rule of its own"
+        status = _forja(*own, "--json", "status")
+        assert status.returncode == 0, status.stdout[-2000:] + status.stderr[-2000:]
+
+        _done(_compute("DELETE", "global/firewalls/my-ssh"))
+        refused = _forja(*SPOT, *own, "up")
+        said = " ".join((refused.stdout + refused.stderr).split())
+        assert refused.returncode != 0, said[-3000:]
+        assert f"refuses tcp:22 from {bridge} (SSH path: own_rule)" in said, said[-3000:]
+        assert "no rule admits it" in said and "gcp_instance_ssh_mode" in said, said[-3000:]
+    finally:
+        back = _forja(*SPOT, "up")
+    assert back.returncode == 0, back.stdout[-2000:] + back.stderr[-2000:]
+    assert _compute("GET", "global/firewalls/forja-allow-ssh")["sourceRanges"] == ["35.235.240.0/20"]
+    assert _on_host(vm, "echo through-iap").strip() == "through-iap"
+
+
+def test_a_new_key_in_metadata_grants_access_and_the_old_one_loses_it(
+    first_run: subprocess.CompletedProcess[str], tmp_path: Path,
+) -> None:
+    """Issue 14: keys reach the VM only through its ssh-keys metadata, read by the guest agent
+    (the sandbox's stand-in): `forja up` with another key replaces the metadata line, the new key
+    logs in and the old one no longer does; the default key restores access."""
+    new_key = tmp_path / "keys" / "id_new"
+    try:
+        up = _forja(*SPOT, "-e", f"gcp_instance_ssh_key_file={new_key}", "up")
+        assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-2000:]
+        assert new_key.stat().st_mode & 0o777 == 0o600, "forja created the key the user lacked"
+        (vm,) = _instances()
+        assert _on_host(vm, "echo new", key=new_key).strip() == "new"
+        deadline = time.monotonic() + 60
+        while _on_host(vm, "echo old").strip() == "old":
+            assert time.monotonic() < deadline, "the old key still logs in a minute after it left metadata"
+            time.sleep(1)
+    finally:
+        back = _forja(*SPOT, "up")
+    assert back.returncode == 0, back.stdout[-2000:] + back.stderr[-2000:]
+    assert _on_host(vm, "echo old").strip() == "old"
+
+
+def test_os_login_reaches_the_vm_as_the_profiles_user(first_run: subprocess.CompletedProcess[str]) -> None:
+    """Issue 14: OS Login when the user chooses it. The key goes on the service account's OS Login
+    profile, the VM gets enable-oslogin=TRUE (its guest then ignores ssh-keys), and forja works as the
+    profile's POSIX user; `ansible` no longer logs in. Back to ssh-keys, `ansible` does again."""
+    from forja_sandbox.compute_emulator import oslogin
+
+    account = json.loads(Path(service.endpoint()["credentials_file"]).read_text())["client_email"]
+    user = oslogin.posix_username(account)
+    os_login = ("-e", "gcp_instance_ssh_os_login=true", "-e", f"gcp_instance_ssh_user={user}")
+    try:
+        up = _forja(*SPOT, *os_login, "up")
+        assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-2000:]
+        status = _forja(*os_login, "--json", "status")
+        assert status.returncode == 0, status.stdout[-2000:] + status.stderr[-2000:]
+        assert "digits" in {s["run"] for s in json.loads(status.stdout)}
+        (vm,) = _instances()
+        assert "old" not in _on_host(vm, "echo old"), "enable-oslogin=TRUE: ssh-keys no longer count"
+    finally:
+        back = _forja(*SPOT, "up")
+    assert back.returncode == 0, back.stdout[-2000:] + back.stderr[-2000:]
+    assert _on_host(vm, "echo old").strip() == "old"
 
 
 def test_a_tree_whose_tasks_are_all_renamed_still_drives_the_sandbox(
@@ -396,7 +500,7 @@ def test_a_vm_that_autostop_stopped_says_why_while_it_is_stopped(
     agent = f"python3 /usr/local/lib/forja/forja_autostop.py --config {private}"
     # The first run starts the idle clock; the second, a moment later, stops the VM (in the
     # background, so that this SSH session is not what the poweroff ends).
-    _on_host(_address(vm), f"sudo python3 -c {shlex.quote(edit)} && sudo chmod 600 {private} && sudo {agent} "
+    _on_host(vm, f"sudo python3 -c {shlex.quote(edit)} && sudo chmod 600 {private} && sudo {agent} "
                            f"&& sleep 2 && sudo systemd-run --no-block {agent}")
     deadline = time.monotonic() + 120
     while (vm := _instances()[0])["status"] != "TERMINATED":

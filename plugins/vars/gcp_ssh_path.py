@@ -44,6 +44,15 @@ options:
     default: inventory
 """
 
+EXAMPLES = r"""
+# ansible.cfg
+# [defaults]
+# vars_plugins_enabled = forja.gpu.gcp_ssh_path, ansible.builtin.host_group_vars
+#
+# group_vars/all/access.yml: the role's value when set, else its default
+ansible_user: "{{ gcp_instance_ssh_user | default(forja_ssh_path_defaults.gcp_instance_ssh_user) }}"
+"""
+
 #: Which of the role's defaults the hosts need: the SSH path, nothing else of the VM.
 PREFIX = "gcp_instance_ssh_"
 DEFAULTS = Path(__file__).resolve().parents[2] / "roles" / "gcp_instance" / "defaults" / "main.yml"

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 PLUGINS = REPO / "plugins"
 # ansible-doc's type for each plugins/ folder that holds plugins a user calls by name.
 KINDS = {"modules": "module", "inventory": "inventory", "filter": "filter", "strategy": "strategy",
-         "callback": "callback"}
+         "callback": "callback", "vars": "vars"}
 # Folders that hold code or docs shared by the plugins, not plugins of their own.
 SHARED = {"module_utils", "doc_fragments"}
 

@@ -55,7 +55,9 @@ def test_provision_then_teardown_stop_then_delete(emulator, key_file, inventory_
     changed, out = play(env, inventory_dir, "playbooks/provision.yml", *no_ssh)
     assert set(changed.values()) == {0}, out
 
-    changed, out = play(env, inventory_dir, "playbooks/teardown.yml", *no_ssh)
+    changed, out = play(env, inventory_dir, "playbooks/teardown.yml",
+                        "-e", f"gcp_instance_ssh_key_file={tmp_path / 'nokey' / 'id'}")
+    assert not (tmp_path / "nokey").exists(), "stopping a VM creates no key"
     assert changed["localhost"] == 1, out
     assert emulator.instance(PROJECT, "us-east1-d", "forja-l4")["status"] == "TERMINATED"
 

@@ -24,6 +24,7 @@ import importlib.metadata
 import inspect
 import json
 import re
+import shlex
 import signal
 import sys
 import threading
@@ -34,6 +35,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from typer.core import TyperCommand
@@ -634,7 +636,8 @@ def tunnel(
     if o.json:
         _emit_json(plan)
     else:
-        console.print(f"tunnel: [bold]{' '.join(plan.command)}[/]", soft_wrap=True)
+        # Shell-quoted: a ProxyCommand (IAP) holds spaces, and people paste this line into a shell.
+        console.print(f"tunnel: [bold]{escape(shlex.join(plan.command))}[/]", soft_wrap=True)
         console.print(f"paste into Colab (Connect to a local runtime): [bold green]{plan.colab_url}[/]",
                       soft_wrap=True)
         if "<token>" in plan.colab_url:

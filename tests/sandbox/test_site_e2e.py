@@ -296,6 +296,12 @@ def test_the_readme_walk_through_the_forja_command(first_run: subprocess.Complet
     token = TOKEN_FILE.read_text().strip()
     with _forja_tunnel() as (url, printed):
         assert f"ansible@{_address(vm)}" in printed and "__ansible_unsafe" not in printed, printed
+        # the line people paste into a shell: quoted, so the IAP ProxyCommand stays one option
+        (line,) = [x for x in printed.splitlines() if x.startswith("tunnel: ")]
+        argv = shlex.split(line.removeprefix("tunnel: "))
+        assert argv[0] == "ssh" and argv[-1] == f"ansible@{_address(vm)}", argv
+        proxy = [word for word in argv if word.startswith("ProxyCommand=")]
+        assert len(proxy) == 1 and proxy[0].endswith(_through_iap(vm).split(" ", 1)[1]), argv
         assert "paste into Colab" in printed and "http://localhost:8888/?token=" in printed
         for run_cell in (colab.run_via_http_over_ws, colab.run_via_direct):
             said = run_cell(url, token, WHICH_PYTHON, timeout_s=120)

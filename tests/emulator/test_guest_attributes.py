@@ -15,7 +15,7 @@ from typing import Any
 import google.oauth2.credentials
 import pytest
 import requests
-from emulator_helpers import PROJECT, ZONE, Client, small_body
+from emulator_helpers import PROJECT, ZONE, Client, Loopback, small_body
 from googleapiclient.discovery import build_from_document
 from googleapiclient.errors import HttpError
 
@@ -26,21 +26,6 @@ from forja_sandbox.compute_emulator.schema import discovery
 ENABLED = {"items": [{"key": "enable-guest-attributes", "value": "TRUE"}]}
 GUEST = {"Metadata-Flavor": "Google"}
 
-
-class Loopback:
-    """A backend whose every instance is reached at 127.0.0.1 (the test plays the guest)."""
-
-    def create(self, instance: dict[str, Any]) -> str:
-        return "127.0.0.1"
-
-    def start(self, instance: dict[str, Any]) -> str:
-        return "127.0.0.1"
-
-    def stop(self, instance: dict[str, Any]) -> None:
-        return None
-
-    def delete(self, instance: dict[str, Any]) -> None:
-        return None
 
 
 @pytest.fixture

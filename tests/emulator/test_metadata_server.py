@@ -10,11 +10,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import requests
-from emulator_helpers import PROJECT, ZONE, Client, small_body
+from emulator_helpers import PROJECT, ZONE, Client, Loopback, small_body
 
 from forja_sandbox.compute_emulator import ComputeEmulator
 from forja_sandbox.compute_emulator.metadata_server import MetadataServer
@@ -22,21 +21,6 @@ from forja_sandbox.compute_emulator.metadata_server import MetadataServer
 GUEST = {"Metadata-Flavor": "Google"}
 KEYS = "ansible:ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOnlyATestKeyForTheMetadataServer ansible@ctl"
 
-
-class Loopback:
-    """A backend whose every instance is reached at 127.0.0.1 (the test plays the guest)."""
-
-    def create(self, instance: dict[str, Any]) -> str:
-        return "127.0.0.1"
-
-    def start(self, instance: dict[str, Any]) -> str:
-        return "127.0.0.1"
-
-    def stop(self, instance: dict[str, Any]) -> None:
-        return None
-
-    def delete(self, instance: dict[str, Any]) -> None:
-        return None
 
 
 @pytest.fixture

@@ -12,13 +12,12 @@ import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote
 
 import google.auth.jwt
 import pytest
 import requests
-from emulator_helpers import PROJECT, Client, small_body
+from emulator_helpers import PROJECT, Client, Loopback, small_body
 from google.auth.transport.requests import AuthorizedSession
 
 from forja_sandbox.compute_emulator import ComputeEmulator
@@ -26,19 +25,6 @@ from forja_sandbox.compute_emulator.metadata_server import MetadataServer
 
 GUEST = {"Metadata-Flavor": "Google"}
 
-
-class Loopback:
-    def create(self, instance: dict[str, Any]) -> str:
-        return "127.0.0.1"
-
-    def start(self, instance: dict[str, Any]) -> str:
-        return "127.0.0.1"
-
-    def stop(self, instance: dict[str, Any]) -> None:
-        return None
-
-    def delete(self, instance: dict[str, Any]) -> None:
-        return None
 
 
 @pytest.fixture

@@ -357,20 +357,59 @@ class Forja:
             token.set()
 
     # -- the host's lifecycle ---------------------------------------------------------------
-    def up(self) -> RunResult:
-        """Create or start the GPU host(s): playbooks/provision.yml."""
-        return self._run("provision.yml")
+    def up(self, extravars: Mapping[str, Any] | None = None) -> RunResult:
+        """Create or start the GPU host(s): playbooks/provision.yml (extravars: e.g. another zone)."""
+        return self._run("provision.yml", extravars)
 
-    def configure(self) -> list[RunResult]:
+    def configure(self, extravars: Mapping[str, Any] | None = None) -> list[RunResult]:
         """GPU stack, Jupyter, then the autostop guard: playbooks/gpu.yml, jupyter.yml and autostop.yml.
 
         The guard is configured with Jupyter because it watches Jupyter's kernels: a port moved with
         `-e host_contract_jupyter_port=N` moves the agent too."""
-        return [self._run("gpu.yml"), self._run("jupyter.yml"), self._run("autostop.yml")]
+        return [self._run(book, extravars) for book in ("gpu.yml", "jupyter.yml", "autostop.yml")]
 
-    def down(self, delete: bool = False) -> RunResult:
+    def down(self, delete: bool = False, extravars: Mapping[str, Any] | None = None) -> RunResult:
         """Stop (or delete) the GPU host(s): playbooks/teardown.yml."""
-        return self._run("teardown.yml", {"forja_teardown_delete": delete})
+        return self._run("teardown.yml", {**(extravars or {}), "forja_teardown_delete": delete})
+
+    def watch(
+        self,
+        name: str,
+        *,
+        fallback_zones: Sequence[str],
+        budget: Any = None,
+        train: Mapping[str, Any] | None = None,
+        poll_s: float = 30.0,
+        say: Callable[[str], None] = print,
+    ) -> str:
+        """Keep a run going on a Spot VM with nobody at the keyboard; returns why watching ended.
+
+        A preempted VM is started again in its zone; one whose zone ran out of capacity (or that is
+        gone) is made again in the next of `fallback_zones`, configured with the same playbooks, and
+        the run is sent again (`train`: how it was sent, as `Forja.train`'s keywords), resuming from
+        its newest checkpoint in the bucket. `budget` (`forja.managed.Budget`) says when to stop
+        trying. One watcher per run: a second raises WatchError naming the first. Every transition
+        goes into the run's history. See forja/managed.py for the whole policy.
+        """
+        from forja import managed
+
+        found = self.observe()
+        if len(found) != 1:
+            raise errors.ConfigError("gcp_instance_name",
+                                     f"a managed run needs exactly one VM; found {len(found)}")
+        vm = next(iter(found.values()))
+        if not vm.exists:
+            raise errors.ConfigError("gcp_instance_name",
+                                     "the run's VM does not exist; `forja up` creates it")
+        state = managed.start_state(name, [vm.zone, *fallback_zones], train)
+        return managed.Watcher(self, state, budget, poll_s=poll_s, say=say).run()
+
+    def observe(self, extravars: Mapping[str, Any] | None = None) -> dict[str, contract.InstanceState]:
+        """The GPU VM as Compute Engine reports it, by name: status, zone, preemptions.
+
+        Runs playbooks/observe.yml (changes nothing); a managed run's watcher calls it every poll.
+        """
+        return contract.read_stats(self._run("observe.yml", extravars).artifact_data).instances
 
     # -- training ---------------------------------------------------------------------------
     def train(

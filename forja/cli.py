@@ -42,7 +42,7 @@ from typer.core import TyperCommand
 
 from forja import format as fmt
 from forja.api import Forja
-from forja.errors import ExitCode, ForjaError
+from forja.errors import ConfigError, ExitCode, ForjaError
 from trainer.summary import HEADLINE
 
 EXIT_CODES_HELP = (
@@ -460,8 +460,27 @@ def train(
                      "or trainer_run_cpu_procs on a host without a GPU."),
     ] = None,
     checkpoints: Annotated[bool, typer.Option("--checkpoints", help="Also fetch checkpoints.")] = False,
+    managed: Annotated[
+        bool, typer.Option("--managed", help="Send the run, then watch it (as `forja watch`): a preempted "
+                           "VM is started again, one out of capacity moved to a --fallback-zone.")
+    ] = False,
+    fallback_zone: FallbackZones = None,
+    max_recoveries: MaxRecoveries = 10,
+    max_down: MaxDown = "6h",
+    max_down_usd: MaxDownUsd = None,
+    poll: Poll = 30.0,
 ) -> None:
     args = list(ctx.meta.get("forja_script_args", []))
+    if managed:
+        sent = {"config": str(config) if config else None, "script": str(script) if script else None,
+                "args": args, "project": str(project) if project else None, "excludes": exclude or [],
+                "procs": procs}
+        with _errors(ctx, RUN_GOES_ON):
+            budget = _budget(fallback_zone, max_recoveries, max_down, max_down_usd)  # before anything is sent
+            result = _forja(ctx).train(**{**sent, "name": name}, wait=False)
+            console.print(f"run {result.run_id} started; watching it", highlight=False)
+            _watch(ctx, result.run_id, fallback_zone or [], budget, poll, sent)
+        return
     _follow_command(
         ctx,
         lambda f, interrupted: f.train(
@@ -470,6 +489,55 @@ def train(
         ),
         timeout,
     )
+
+
+FallbackZones = Annotated[
+    list[str] | None,
+    typer.Option("--fallback-zone", help="A zone to move the run's VM to when its own has no capacity "
+                 "left (repeat it; tried in order, the zone that just failed last)."),
+]
+MaxRecoveries = Annotated[
+    int, typer.Option("--max-recoveries", help="Most restarts and zone moves, all together.")
+]
+MaxDown = Annotated[str, typer.Option("--max-down", help="Most time down, all outages together (e.g. 6h).")]
+MaxDownUsd = Annotated[
+    float | None, typer.Option("--max-down-usd", help="Most dollars spent while down (the disk bills).")
+]
+Poll = Annotated[float, typer.Option("--poll", help="Seconds between looks at the VM.")]
+
+
+def _budget(fallback_zones: list[str] | None, recoveries: int, down: str, down_usd: float | None) -> Any:
+    """The watcher's budget from the options, checked (with the zones) before anything runs."""
+    from forja import managed
+
+    budget = managed.Budget(recoveries, managed.seconds(down, "--max-down"), down_usd)
+    budget.check()
+    if not fallback_zones:
+        raise ConfigError("--fallback-zone", "a managed run needs at least one zone to move to on a "
+                          "stock-out (e.g. --fallback-zone us-east1-b)")
+    return budget
+
+
+def _watch(ctx: typer.Context, name: str, fallback_zones: list[str], budget: Any, poll: float,
+           train: dict[str, Any] | None = None) -> None:
+    """Watch a run until it ends or a budget is spent (forja.managed)."""
+    why = _forja(ctx).watch(name, fallback_zones=fallback_zones, budget=budget, train=train, poll_s=poll,
+                            say=lambda line: console.print(line, soft_wrap=True, highlight=False))
+    out.print(f"run {name}: {why}")
+
+
+@verb(Forja.watch, on_interrupt=RUN_GOES_ON)
+def watch(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Run name.")],
+    fallback_zone: FallbackZones = None,
+    max_recoveries: MaxRecoveries = 10,
+    max_down: MaxDown = "6h",
+    max_down_usd: MaxDownUsd = None,
+    poll: Poll = 30.0,
+) -> None:
+    budget = _budget(fallback_zone, max_recoveries, max_down, max_down_usd)
+    _watch(ctx, name, fallback_zone or [], budget, poll)
 
 
 @verb(Forja.follow, on_interrupt=RUN_GOES_ON, epilog=FOLLOWING)

@@ -20,6 +20,13 @@ Ansible's aggregation merges recursively (`merge_hash`) without mixing hosts::
           colab_url_template: "http://localhost:8888/?token=<token>"
           token_file: /var/lib/forja/jupyter/token      # on the host
           local_token_file: ~/.config/forja/tokens/h.jupyter-token   # copy on the controller, or ""
+        instance:                       # gcp_instance (entry point observe), keyed by the VM's name
+          exists: true
+          zone: us-east1-d              # where it is now ("" when it exists nowhere)
+          status: TERMINATED            # Compute Engine's status
+          spot: true
+          preempted_at: "2026-...Z"     # set only while it is stopped BECAUSE Google preempted it
+          preemptions: ["2026-...Z"]    # every preemption the zone's operations still list
 
     The token itself is never published (nor logged): only where it is.
 
@@ -102,6 +109,27 @@ class JupyterConnection(BaseModel):
         return TunnelPlan(host, self.argv, self.port, self.port, self.colab_url(show_token), token_file)
 
 
+class InstanceState(BaseModel):
+    """One VM as Compute Engine reports it (gcp_instance's `observe`): what a watcher acts on."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    exists: bool
+    zone: str = ""
+    status: str = ""
+    spot: bool = False
+    machine_type: str = ""
+    last_start: str = ""
+    last_stop: str = ""
+    boot_disk_size_gb: int = 0
+    preempted_at: str = ""
+    preemptions: list[str] = Field(default_factory=list)
+
+    @property
+    def running(self) -> bool:
+        return self.exists and self.status == "RUNNING"
+
+
 class HostFacts(BaseModel):
     """Everything one host published in one play (each part only when its role ran)."""
 
@@ -110,6 +138,7 @@ class HostFacts(BaseModel):
     contract_version: int
     runs: list[runstate.RunState] = Field(default_factory=list)
     jupyter: JupyterConnection | None = None
+    instance: InstanceState | None = None
 
     @field_validator("contract_version")
     @classmethod
@@ -141,6 +170,10 @@ class Published(BaseModel):
     @property
     def jupyter(self) -> dict[str, JupyterConnection]:
         return {host: facts.jupyter for host, facts in sorted(self.hosts.items()) if facts.jupyter}
+
+    @property
+    def instances(self) -> dict[str, InstanceState]:
+        return {host: facts.instance for host, facts in sorted(self.hosts.items()) if facts.instance}
 
 
 def read_stats(artifact_data: Mapping[str, Any]) -> Published:

@@ -49,13 +49,15 @@ class PlaybookFailed(ForjaError):
 
     exit_code = ExitCode.PLAYBOOK_FAILED
 
-    def __init__(self, host: str, task: str, message: str, playbook: str = "") -> None:
+    def __init__(self, host: str, task: str, message: str, playbook: str = "", code: str = "") -> None:
         where = f" in {playbook}" if playbook else ""
         super().__init__(f"task '{task}' failed on {host}{where}: {message}")
         self.host = host
         self.task = task
         self.detail = message
         self.playbook = playbook
+        #: The module's error code when it gave one (the Compute API's, for the gcp modules).
+        self.code = code
 
 
 class HostUnreachable(ForjaError):

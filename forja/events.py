@@ -67,6 +67,9 @@ class TaskFailed(Event):
     action: str = ""
     message: str = ""
     ignored: bool = False
+    #: The module's machine-readable error code, when it gives one (e.g. the Compute API's
+    #: ZONE_RESOURCE_POOL_EXHAUSTED from gcp_gpu_instance): what a caller may act on.
+    error_code: str = ""
 
 
 @dataclass(frozen=True)
@@ -209,6 +212,7 @@ def from_runner(raw: dict[str, Any]) -> list[Event]:
                 action=action,
                 message=failure_message(res),
                 ignored=bool(data.get("ignore_errors")),
+                error_code=str(res.get("error_code") or ""),
             )
         ]
     if kind == "runner_on_unreachable":

@@ -104,6 +104,7 @@ class TaskOutcome:
     task: str
     action: str = ""
     message: str = ""
+    error_code: str = ""
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,9 @@ class RunResult:
             raise errors.HostUnreachable(first.host, first.message, task=first.task)
         if self.failed_tasks:
             first = self.failed_tasks[0]
-            raise errors.PlaybookFailed(first.host, first.task, first.message, playbook=self.playbook)
+            raise errors.PlaybookFailed(
+                first.host, first.task, first.message, playbook=self.playbook, code=first.error_code
+            )
         if not self.ok:
             why = f"ansible-playbook exited with {self.rc}"
             raise errors.PlaybookFailed("-", "-", why, playbook=self.playbook)
@@ -190,7 +193,7 @@ def _result(request: PlaybookRun, runner: Any, collector: _Collector, started: f
         if isinstance(e, ev.TaskChanged):
             changed.append(TaskOutcome(e.host, e.task, e.action))
         elif isinstance(e, ev.TaskFailed) and not e.ignored:
-            failed.append(TaskOutcome(e.host, e.task, e.action, e.message))
+            failed.append(TaskOutcome(e.host, e.task, e.action, e.message, e.error_code))
         elif isinstance(e, ev.HostUnreachable):
             unreachable.append(TaskOutcome(e.host, e.task, "", e.message))
     artifact = Path(runner.config.artifact_dir) if getattr(runner, "config", None) else None

@@ -15,9 +15,10 @@ import hashlib
 import ipaddress
 import re
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
-from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import short_name
+from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import GcpClient, short_name
 from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_machines import (
     GpuSpec,
     gpus_of_machine_type,
@@ -499,3 +500,46 @@ def predicted_facts(spec: InstanceSpec, zone: str, project: str, status: str) ->
         "last_start_timestamp": None,
         "last_stop_timestamp": None,
     }
+
+
+#: The statuses of a VM that is off (its disk kept); a Spot VM preempted with action STOP ends here.
+STOPPED_STATES = ("TERMINATED", "STOPPED")
+#: The operation Google files, as a system operation of the zone, when it preempts a Spot VM.
+PREEMPTED_OPERATION = "compute.instances.preempted"
+
+
+def instant(stamp: str) -> datetime:
+    """An RFC 3339 time from the API (offsets vary with daylight saving time) as a comparable instant."""
+    try:
+        parsed = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return datetime.min.replace(tzinfo=timezone.utc)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+def preemptions(client: GcpClient, project: str, zone: str, instance: dict[str, Any]) -> list[str]:
+    """When Google preempted this VM in this zone: its `compute.instances.preempted` operations, oldest first.
+
+    The zone's operation list is the one record of a preemption: the instance itself only says
+    TERMINATED, the same as a VM its user stopped.
+    """
+    query = f'(operationType = "{PREEMPTED_OPERATION}") (targetId = "{instance.get("id")}")'
+    pages = client.pages(f"projects/{project}/zones/{zone}/operations", {"filter": query})
+    found = [op.get("insertTime") or "" for page in pages for op in page.get("items") or []]
+    return sorted((stamp for stamp in found if stamp), key=instant)
+
+
+def last_preemption(client: GcpClient, project: str, zone: str, instance: dict[str, Any]) -> str | None:
+    """When a stopped Spot VM was preempted, if that is why it is stopped now.
+
+    Only a preemption newer than the VM's last start counts: an older one was already recovered
+    from, and a VM the user stopped is not "preempted".
+    """
+    if (instance.get("scheduling") or {}).get("provisioningModel") != "SPOT" or instance.get(
+        "status"
+    ) not in STOPPED_STATES:
+        return None
+    found = preemptions(client, project, zone, instance)
+    newest = found[-1] if found else ""
+    started = instance.get("lastStartTimestamp") or ""
+    return newest if newest and (not started or instant(newest) >= instant(started)) else None

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
@@ -19,12 +18,14 @@ from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import (
     config_from_params,
 )
 from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_instance import (
+    STOPPED_STATES,
     InstanceSpec,
     SpecError,
     comparable_view,
     immutable_differences,
     insert_body,
     instance_facts,
+    last_preemption,
     metadata_dict,
     predicted_facts,
     validate_spec,
@@ -334,7 +335,6 @@ actions:
 """
 
 STOCKOUT_CODES = ("ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS")
-STOPPED_STATES = ("TERMINATED", "STOPPED")
 SETTLING_STATES = ("PROVISIONING", "STAGING", "STOPPING", "SUSPENDING", "REPAIRING", "PENDING_STOP")
 
 ARGUMENT_SPEC: dict[str, Any] = {
@@ -564,21 +564,8 @@ class InstanceManager:
                 self.run_op("POST", self.path(zone, "/stop"))
 
     def last_preemption(self, zone: str, instance: dict[str, Any]) -> str | None:
-        """When a stopped Spot VM was preempted, from its `compute.instances.preempted` operation.
-
-        Only a preemption newer than the VM's last start counts: an older one was already recovered
-        from, and a VM the user stopped is not "preempted".
-        """
-        if (instance.get("scheduling") or {}).get("provisioningModel") != "SPOT" or instance.get(
-            "status"
-        ) not in STOPPED_STATES:
-            return None
-        query = f'(operationType = "compute.instances.preempted") (targetId = "{instance.get("id")}")'
-        pages = self.client.pages(f"projects/{self.project}/zones/{zone}/operations", {"filter": query})
-        found = [op.get("insertTime") or "" for page in pages for op in page.get("items") or []]
-        newest = max(found, key=_instant, default="")
-        started = instance.get("lastStartTimestamp") or ""
-        return newest if newest and (not started or _instant(newest) >= _instant(started)) else None
+        """When a stopped Spot VM was preempted (see `forja_gcp_instance.last_preemption`)."""
+        return last_preemption(self.client, self.project, zone, instance)
 
     def may_create(self) -> bool:
         """present creates a missing VM; started/stopped only when asked to (create_if_missing)."""
@@ -689,15 +676,6 @@ class InstanceManager:
                 "after_header": f"instance {self.params['name']}",
             }
         return result
-
-
-def _instant(stamp: str) -> datetime:
-    """An RFC 3339 time from the API (offsets vary with daylight saving time) as a comparable instant."""
-    try:
-        parsed = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-    except ValueError:
-        return datetime.min.replace(tzinfo=timezone.utc)
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
 
 
 def main() -> None:

@@ -1,0 +1,426 @@
+"""Managed runs: a watcher on the controller that brings a Spot run back with nobody at the keyboard.
+
+Why on the controller: the VM is what goes away. SkyPilot's managed jobs keep their controller off
+the worker for the same reason; forja's is a loop in the user's own process (`forja watch`,
+`forja train --managed`), or a user systemd unit running `forja watch`, never a cloud service.
+
+What it does each poll (playbooks/observe.yml reads the VM; changes nothing):
+- the run ended (completed, failed, cancelled): stop watching;
+- the VM runs: nothing (the run's own unit trains; after a restart it resumes from its checkpoint);
+- Google preempted the VM (the zone's `compute.instances.preempted` operation is newer than its
+  last start): start it again in its zone;
+- the start fails because the zone has no capacity left (ZONE_RESOURCE_POOL_EXHAUSTED), or the VM
+  is gone (a Spot VM whose termination action is DELETE): delete what is left and create it in the
+  next zone of the list, never the zone that just failed unless nothing else is left; configure it
+  with the same playbooks and send the run again, which resumes from the bucket's checkpoint;
+- the VM was stopped by someone (not preempted): stop watching, saying so;
+- a budget is spent (restarts, seconds down, dollars spent while down): stop trying, saying which.
+
+Every transition goes into the run's history (`History.record_event`): preempted, restarted,
+zone moved, gave up, with the zone, the seconds down and the money spent while down.
+
+Two watchers of one run would fight (both restart, both move): a lock file per run lets only one
+watch; a second says which process holds it.
+
+The decisions are one pure function, `decide`, so the whole table is tested without a cloud; the
+loop (`Watcher`) only observes, decides and calls `Forja`'s verbs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from forja import errors
+from forja.contract import InstanceState
+from forja.runner import forja_home
+
+if TYPE_CHECKING:
+    from forja.api import Forja
+
+#: Google's error codes for a zone that has no capacity for the VM (see gcp_gpu_instance).
+STOCKOUT_CODES = ("ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS")
+#: Statuses a VM passes through on its way up or down: wait and look again.
+SETTLING = ("PROVISIONING", "STAGING", "STOPPING", "SUSPENDING", "REPAIRING", "PENDING_STOP")
+#: Run statuses after which there is nothing left to watch.
+RUN_ENDED = ("completed", "failed", "cancelled")
+
+Action = Literal["watch", "restart", "move", "done", "give_up"]
+
+
+class WatchError(errors.ForjaError):
+    """A watcher cannot start, or had to stop trying; the message says why and what to do."""
+
+    exit_code = errors.ExitCode.STOPPED
+
+
+@dataclass(frozen=True)
+class Budget:
+    """When the watcher stops trying. Every limit counts for the whole run, across all recoveries."""
+
+    #: Most recoveries (restarts in place and zone moves together).
+    max_recoveries: int = 10
+    #: Most seconds the run may spend down, all outages together.
+    max_down_s: float = 6 * 3600.0
+    #: Most dollars spent while down (the boot disk bills while the VM is stopped); None: no limit.
+    max_down_usd: float | None = None
+
+    def check(self) -> None:
+        """Refuse a budget that is spent before it starts, naming the option."""
+        if self.max_recoveries < 1:
+            raise errors.ConfigError(
+                "--max-recoveries", f"{self.max_recoveries} allows no recovery; use 1 or more"
+            )
+        if self.max_down_s <= 0:
+            raise errors.ConfigError("--max-down", "must be more than 0 seconds (e.g. 2h)")
+        if self.max_down_usd is not None and self.max_down_usd <= 0:
+            raise errors.ConfigError(
+                "--max-down-usd", f"{self.max_down_usd} is already used up; use more than 0"
+            )
+
+
+@dataclass(frozen=True)
+class Tally:
+    """What the watcher has spent so far (kept in its state file, so a restarted watcher goes on)."""
+
+    recoveries: int = 0
+    down_s: float = 0.0
+    down_usd: float = 0.0
+    #: When the current outage began (monotonic seconds are useless across watcher restarts).
+    down_since: float | None = None
+    #: Zones that ran out of capacity, newest last: tried again only when nothing else is left.
+    failed_zones: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    reason: str
+    #: For "restart": the zone; for "move": the zones to try, in order.
+    zones: tuple[str, ...] = ()
+
+
+def zone_order(zones: Sequence[str], failed: Sequence[str]) -> tuple[str, ...]:
+    """The zones to try, each once: those that have not failed first (in the user's order), then the
+    failed ones, the most recent failure last. A zone that just ran out is the last resort."""
+    ordered = list(dict.fromkeys(zones))
+    recent = [z for z in dict.fromkeys(reversed(failed)) if z in ordered][::-1]  # oldest failure first
+    return tuple([z for z in ordered if z not in recent] + recent)
+
+
+def over_budget(tally: Tally, budget: Budget) -> str | None:
+    """Which limit is spent, in words; None while all hold."""
+    if tally.recoveries >= budget.max_recoveries:
+        return (
+            f"{tally.recoveries} recoveries made, the most allowed (--max-recoveries {budget.max_recoveries})"
+        )
+    if tally.down_s >= budget.max_down_s:
+        return f"down {tally.down_s:.0f} s in all, the most allowed (--max-down {budget.max_down_s:.0f} s)"
+    if budget.max_down_usd is not None and tally.down_usd >= budget.max_down_usd:
+        return (
+            f"${tally.down_usd:.2f} spent while down, the most allowed "
+            f"(--max-down-usd {budget.max_down_usd:.2f})"
+        )
+    return None
+
+
+def decide(
+    vm: InstanceState, run_status: str | None, tally: Tally, budget: Budget, zones: Sequence[str]
+) -> Decision:
+    """What to do about the VM and the run as observed now; the watcher's whole policy."""
+    if run_status in RUN_ENDED:
+        return Decision("done", f"the run {run_status}")
+    if vm.running:
+        return Decision("watch", "the VM runs")
+    if vm.exists and vm.status in SETTLING:
+        return Decision("watch", f"the VM is {vm.status}")
+    if vm.exists and not vm.preempted_at:
+        return Decision(
+            "done",
+            f"the VM was stopped ({vm.status}) by its user or the autostop guard, "
+            "not preempted: a managed run does not undo that",
+        )
+    spent = over_budget(tally, budget)
+    if spent:
+        return Decision("give_up", spent)
+    if vm.exists:  # preempted, disk kept: start it where it is, unless that zone just ran out
+        if vm.zone not in tally.failed_zones[-1:]:
+            return Decision("restart", f"Google preempted the VM at {vm.preempted_at}", (vm.zone,))
+        return Decision("move", f"{vm.zone} has no capacity", zone_order(zones, tally.failed_zones))
+    failed = tally.failed_zones or ((zones[0],) if zones else ())
+    return Decision("move", "the VM is gone (a Spot VM deleted on preemption)", zone_order(zones, failed))
+
+
+@dataclass
+class WatchState:
+    """What `forja watch` keeps on disk for a run: how to send it again, and what it spent."""
+
+    run: str
+    zones: list[str]
+    #: The `Forja.train` keyword arguments that sent the run (config, script, args, project...);
+    #: empty when the watcher was started by hand: then it restarts in place but cannot move zones.
+    train: dict[str, Any] = field(default_factory=dict)
+    tally: Tally = field(default_factory=Tally)
+
+    @classmethod
+    def path(cls, run: str) -> Path:
+        return forja_home() / "watch" / f"{run}.json"
+
+    @classmethod
+    def load(cls, run: str) -> WatchState | None:
+        try:
+            raw = json.loads(cls.path(run).read_text())
+        except FileNotFoundError:
+            return None
+        tally = raw.get("tally") or {}
+        tally["failed_zones"] = tuple(tally.get("failed_zones") or ())
+        return cls(
+            run=raw["run"], zones=list(raw["zones"]), train=dict(raw.get("train") or {}), tally=Tally(**tally)
+        )
+
+    def save(self) -> None:
+        path = self.path(self.run)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=1, default=str))
+        tmp.replace(path)
+
+
+@contextlib.contextmanager
+def watch_lock(run: str) -> Iterator[None]:
+    """Hold the run's watcher lock, or refuse naming the process that holds it."""
+    path = forja_home() / "watch" / f"{run}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise WatchError(
+                f"run {run!r} is already watched ({holder}); two watchers would both restart and move "
+                f"the VM. Stop that one first, or let it go on."
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%dT%H:%M:%S%z')}")
+        handle.flush()
+        try:
+            yield
+        finally:
+            handle.seek(0)
+            handle.truncate()
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def seconds(text: str, option: str) -> float:
+    """'90', '90s', '45m', '6h' or '2d' as seconds; anything else is an error naming the option."""
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+    value, unit = (text[:-1], text[-1]) if text[-1:] in units else (text, "s")
+    try:
+        return float(value) * units[unit]
+    except ValueError:
+        raise errors.ConfigError(
+            option, f"{text!r} is not a duration; write e.g. 90s, 45m, 6h or 2d"
+        ) from None
+
+
+def zone_vars(zones: Sequence[str]) -> dict[str, Any]:
+    """The gcp_instance variables that put the VM in the first zone, the rest as fallbacks."""
+    return {"gcp_instance_zone": zones[0], "gcp_instance_fallback_zones": list(zones[1:])}
+
+
+class Watcher:
+    """Observe, decide, act, until the run ends or a budget is spent.
+
+    Args:
+        forja: the project's `Forja` (its inventory and extravars are the run's).
+        state: the run, its zones (the first is where it runs now) and how to send it again.
+        budget: when to stop trying.
+        poll_s: seconds between looks at the VM (each look is one small playbook).
+        say: where lines for people go (the CLI prints them).
+        down_usd_per_s: what an outage costs per second (the boot disk); None: price it from forja's table.
+    """
+
+    def __init__(
+        self,
+        forja: Forja,
+        state: WatchState,
+        budget: Budget | None = None,
+        *,
+        poll_s: float = 30.0,
+        say: Callable[[str], None] = print,
+        down_usd_per_s: float | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.forja = forja
+        self.state = state
+        self.budget = budget or Budget()
+        self.budget.check()
+        self.poll_s = poll_s
+        self.say = say
+        self.down_usd_per_s = down_usd_per_s
+        self.sleep = sleep
+        self.last_step: int | None = None
+
+    # -- observing ---------------------------------------------------------------------------
+    def observe(self) -> InstanceState:
+        found = self.forja.observe(zone_vars(self.state.zones))
+        if len(found) != 1:
+            raise WatchError(
+                f"observe.yml reported {len(found)} VMs ({', '.join(found) or 'none'}); "
+                "a managed run watches exactly one"
+            )
+        return next(iter(found.values()))
+
+    def run_status(self, vm: InstanceState) -> str | None:
+        """The run's status from its host while the VM runs; otherwise what the history last knew."""
+        if vm.running:
+            for status in self.forja.status(self.state.run):
+                if status.step is not None:
+                    self.last_step = status.step
+                return status.status
+        try:
+            return self.forja.history.find(self.state.run).status
+        except errors.ForjaError:  # a run site.yml sent, not recorded here yet
+            return None
+
+    # -- the loop ----------------------------------------------------------------------------
+    def run(self) -> str:
+        """Watch until the run ends (returns why) or a budget is spent (raises WatchError)."""
+        with watch_lock(self.state.run):
+            self.say(
+                f"watching run {self.state.run} (zones {', '.join(self.state.zones)}; "
+                f"a look every {self.poll_s:.0f} s; Ctrl-C stops watching, not the run)"
+            )
+            vm = self.observe()
+            if vm.exists and not vm.spot:
+                self.say(
+                    f"{vm.zone}: the VM is on-demand, so Google does not preempt it; the watcher still "
+                    "brings it back if it is stopped by a host error, and moves it if the VM is gone"
+                )
+            while True:
+                decision = decide(vm, self.run_status(vm), self.state.tally, self.budget, self.state.zones)
+                self._account(vm)
+                if decision.action == "done":
+                    self.say(f"stopped watching: {decision.reason}")
+                    return decision.reason
+                if decision.action == "give_up":
+                    self._event("gave_up", reason=decision.reason)
+                    raise WatchError(
+                        f"gave up on run {self.state.run}: {decision.reason}. The VM is left as it "
+                        "is; `forja up` and `forja watch` start again by hand."
+                    )
+                if decision.action == "restart":
+                    self._restart(vm, decision)
+                elif decision.action == "move":
+                    self._move(vm, decision)
+                else:
+                    self.sleep(self.poll_s)
+                vm = self.observe()
+
+    def _account(self, vm: InstanceState) -> None:
+        """Count time and money down while the VM is not running; close the outage when it runs."""
+        tally, now = self.state.tally, time.time()
+        if vm.running:
+            if tally.down_since is not None:
+                self._set_tally(down_since=None)
+            return
+        if tally.down_since is None:
+            self._set_tally(down_since=now)
+            return
+        spent = now - tally.down_since
+        rate = self.down_usd_per_s if self.down_usd_per_s is not None else self._disk_rate(vm)
+        self._set_tally(down_s=tally.down_s + spent, down_usd=tally.down_usd + spent * rate, down_since=now)
+
+    def _disk_rate(self, vm: InstanceState) -> float:
+        """USD per second the kept boot disk costs (0 when the VM is gone or unpriced)."""
+        if not vm.exists or not vm.boot_disk_size_gb:
+            return 0.0
+        from forja.cost.prices import PriceError, load_prices, region_of
+
+        try:
+            prices = load_prices(None)
+            disk = prices.disk_price("pd-balanced", region_of(vm.zone))
+        except PriceError:
+            return 0.0
+        return disk.usd_per_gb_month * vm.boot_disk_size_gb / (prices.hours_per_month * 3600.0)
+
+    def _set_tally(self, **changes: Any) -> None:
+        self.state.tally = replace(self.state.tally, **changes)
+        self.state.save()
+
+    def _event(self, kind: str, **data: Any) -> None:
+        tally = self.state.tally
+        data.update(seconds_down=round(tally.down_s, 1), usd_down=round(tally.down_usd, 6))
+        with contextlib.suppress(errors.ForjaError):  # a run sent by site.yml may not be recorded yet
+            self.forja.history.record_event(self.state.run, kind, **data)
+        self.say(f"{kind.replace('_', ' ')}: " + ", ".join(f"{k} {v}" for k, v in data.items()))
+
+    def _restart(self, vm: InstanceState, decision: Decision) -> None:
+        zone = decision.zones[0]
+        self._event("preempted", at=vm.preempted_at, zone=zone, last_step=self.last_step)
+        self._set_tally(recoveries=self.state.tally.recoveries + 1)
+        try:
+            self.forja.up(zone_vars([zone]))
+        except errors.PlaybookFailed as exc:
+            if exc.code not in STOCKOUT_CODES:
+                raise
+            self._set_tally(failed_zones=(*self.state.tally.failed_zones, zone))
+            self._event("stockout", zone=zone)
+            return  # the next look decides the move
+        self._event("restarted", zone=zone)
+
+    def _move(self, vm: InstanceState, decision: Decision) -> None:
+        if not self.state.train:
+            raise WatchError(
+                f"run {self.state.run} must move out of {vm.zone or 'its zone'} ({decision.reason}), which "
+                "needs the run sent again; this watcher was started without how it was sent. Start managed "
+                "runs with `forja train --managed` (or Forja.train(managed=True))."
+            )
+        if vm.exists:
+            self.forja.down(delete=True, extravars=zone_vars([vm.zone]))
+        self._set_tally(recoveries=self.state.tally.recoveries + 1)
+        try:
+            self.forja.up(zone_vars(decision.zones))
+        except errors.PlaybookFailed as exc:
+            if exc.code not in STOCKOUT_CODES:
+                raise
+            self._set_tally(failed_zones=(*self.state.tally.failed_zones, *decision.zones))
+            self._event("stockout", zones=list(decision.zones))
+            return
+        moved_to = self.observe().zone or decision.zones[0]
+        self.state.zones = list(zone_order([moved_to, *self.state.zones], ()))
+        self.state.save()
+        self._event("zone_moved", from_zone=vm.zone, to_zone=moved_to)
+        self.forja.configure(extravars=zone_vars(self.state.zones))
+        self.forja.train(**{**self.state.train, "name": self.state.run, "wait": False})
+
+
+def start_state(run: str, zones: Sequence[str], train: Mapping[str, Any] | None = None) -> WatchState:
+    """The state of a new watch, or the kept one of this run (its tally goes on)."""
+    if not zones:
+        raise errors.ConfigError(
+            "--zone", "name the zone the run's VM is in (and --fallback-zone for others)"
+        )
+    if len(set(zones)) < 2:
+        raise errors.ConfigError(
+            "--fallback-zone",
+            f"names only {zones[0]}, the run's own zone: a stock-out there would leave the "
+            "run down with nowhere to go. Name at least one other zone that has the GPU (e.g. "
+            "--fallback-zone us-east1-b --fallback-zone us-central1-a)",
+        )
+    kept = WatchState.load(run)
+    if kept is not None:
+        kept.zones = list(dict.fromkeys([*kept.zones[:1], *zones]))
+        if train:
+            kept.train = dict(train)
+        return kept
+    return WatchState(run=run, zones=list(dict.fromkeys(zones)), train=dict(train or {}))

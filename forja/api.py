@@ -769,6 +769,42 @@ class Forja:
         connection = self.jupyter(chosen.name, gcloud=gcloud)[chosen.name]
         return connection.plan(chosen.name, local_port, show_token)
 
+    def keep_tunnel(
+        self,
+        host: str | None = None,
+        local_port: int | None = None,
+        *,
+        gcloud: bool = False,
+        retry_s: float = 10.0,
+        say: Callable[[str], None] = print,
+        stop: threading.Event | None = None,
+        plan: TunnelPlan | None = None,
+    ) -> None:
+        """Hold the Colab tunnel open across stop/start, preemption and zone moves, on one local port.
+
+        The first plan must work (a wrong --host or a stopped VM is said at once). After that, when
+        ssh ends (the VM went away), the tunnel is planned again every `retry_s` seconds, each try
+        announced, until the VM answers again: at its new address, in its new zone; the local port
+        and the token stay the same (jupyter_colab gives a new VM the controller's token), so Colab
+        only needs the cell run again. Returns when `stop` is set (Ctrl-C ends it in the CLI).
+        `plan`: the first plan, when the caller made it already (to show it).
+        """
+        stop = stop or threading.Event()
+        plan = plan or self.tunnel(host, local_port, gcloud=gcloud)
+        local_port = plan.local_port
+        while not stop.is_set():
+            say(f"tunnel open on 127.0.0.1:{local_port} to {plan.host}")
+            rc = plan.open(stop)
+            if stop.is_set():
+                return
+            say(f"tunnel to {plan.host} closed (ssh exit {rc}); opening it again when the VM answers")
+            while not stop.wait(retry_s):
+                try:
+                    plan = self.tunnel(host or plan.host, local_port, gcloud=gcloud)
+                    break
+                except errors.ForjaError as exc:
+                    say(f"not yet ({exc.message.splitlines()[0][:160]}); next try in {retry_s:.0f} s")
+
     def gpu_host(self, host: str | None = None) -> InventoryHost:
         """The GPU host a one-host verb (tunnel) acts on: `host`, or the first of the forja_gpu group.
 

@@ -696,6 +696,10 @@ def tunnel(
     start: Annotated[
         bool, typer.Option("--start", help="Start the VM first if it is stopped (as `forja up` does).")
     ] = False,
+    once: Annotated[
+        bool, typer.Option("--once", help="Exit when ssh ends, instead of opening the tunnel again (same "
+                           "port, same token) when the VM is back after a stop, a preemption or a zone move.")
+    ] = False,
 ) -> None:
     o = _opts(ctx)
     with _progress(start and not o.json) as on_event:
@@ -713,11 +717,13 @@ def tunnel(
     if print_only:
         return
     try:
-        rc = plan.open()
+        if once:
+            rc = plan.open()
+            raise typer.Exit(0 if rc == 0 else int(ExitCode.UNREACHABLE))
+        _forja(ctx).keep_tunnel(host, plan.local_port, gcloud=gcloud, plan=plan,
+                                say=lambda line: console.print(line, soft_wrap=True, highlight=False))
     except KeyboardInterrupt:
         console.print("tunnel closed")
-        return
-    raise typer.Exit(0 if rc == 0 else int(ExitCode.UNREACHABLE))
 
 
 # -- money --------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import subprocess
+import threading
 from pathlib import Path
 from typing import Literal
 
@@ -66,7 +67,17 @@ class TunnelPlan:
     colab_url: str
     token_file: str
 
-    def open(self) -> int:
-        """Run the tunnel in the foreground until it ends (Ctrl-C closes it); ssh's exit status."""
-        return subprocess.run(self.command, check=False).returncode
+    def open(self, stop: threading.Event | None = None) -> int:
+        """Run the tunnel in the foreground until it ends (Ctrl-C or `stop` closes it); ssh's exit status."""
+        with subprocess.Popen(self.command) as proc:
+            try:
+                while proc.poll() is None:
+                    if stop is not None and stop.wait(0.5):
+                        proc.terminate()
+                    elif stop is None:
+                        proc.wait()
+            finally:
+                if proc.poll() is None:
+                    proc.terminate()
+            return proc.wait()
 

@@ -185,6 +185,19 @@ def test_a_token_readable_by_others_is_made_private_again_and_stays_secret(site)
     assert site.ssh(f"cat {TOKEN}").strip() not in run.out
 
 
+def test_a_host_that_lost_its_token_gets_the_controllers_copy_back_so_the_colab_url_holds(site):
+    # as a VM made again in another zone: no token on the host, the controller's copy kept
+    kept = (site.inventory.parent / "token").read_text()
+    site.ssh(f"rm {TOKEN}")
+    run = site.play()
+    assert run.rc == 0 and run.changed > 0, run.out[-5000:]
+    restored = "forja.gpu.jupyter_colab : Give a host without a token the controller's copy back"
+    assert restored in run.changed_tasks()
+    assert site.ssh(f"cat {TOKEN}") == kept and kept not in run.out
+    assert site.ssh(f"stat -c '%a %U' {TOKEN}").strip() == "600 jupyter"
+    assert site.ssh("systemctl is-active forja-jupyter.service").strip() == "active"
+
+
 def test_a_file_removed_from_the_servers_venv_is_put_back(site):
     filt = site.ssh("ls /opt/forja/jupyter/lib/python3*/site-packages/forja_redact_log.py").strip()
     site.ssh(f"rm {filt}")

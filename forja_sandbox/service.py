@@ -62,6 +62,11 @@ class SandboxPaths:
     def info(self) -> Path:
         return self.root / "endpoint.json"
 
+    @property
+    def storage(self) -> Path:
+        """The storage emulator's buckets and objects (they outlive a service restart)."""
+        return self.root / "storage"
+
 
 def paths() -> SandboxPaths:
     root = Path(os.environ.get("FORJA_SANDBOX_DIR") or testhosts.base_dir() / "sandbox")
@@ -106,6 +111,18 @@ def address_url(p: int | None = None) -> str:
     """Where the gcp_instance role detects the controller's address for direct SSH (forja_sandbox/
     address_echo.py: the address the sandbox's VMs see this machine at, the bridge's)."""
     return f"http://127.0.0.1:{address_port(p)}/"
+
+
+def storage_port(p: int | None = None) -> int:
+    """The Cloud Storage emulator (forja_sandbox/storage_emulator.py)."""
+    return (p or port()) + 4
+
+
+def storage_url(p: int | None = None, bridge: bool = False) -> str:
+    """STORAGE_EMULATOR_HOST for google-cloud-storage: on 127.0.0.1 for the controller, on the hosts'
+    bridge (`bridge=True`) for the sandbox's VMs (a relay there, once a host has made the bridge)."""
+    host = f"{testhosts.net_prefix()}.1" if bridge else "127.0.0.1"
+    return f"http://{host}:{storage_port(p)}"
 
 
 def _alive(pid_file: Path) -> int | None:
@@ -166,7 +183,19 @@ def ensure_running(timeout_s: float = 60.0, faults: list[dict[str, Any]] | None 
 def endpoint() -> dict[str, str]:
     """How to reach the sandbox: the Compute API, its key, the project, and the guests' metadata server."""
     return {"api_url": base_url(), "credentials_file": str(paths().key), "project": PROJECT,
-            "metadata_url": metadata_url()}
+            "metadata_url": metadata_url(), "storage_url": storage_url()}
+
+
+def inject_fault(**rule: Any) -> None:
+    """Add a fault to the running service's emulator (`Faults.add`'s keywords), e.g. a zone's stock-out
+    for a drill: `inject_fault(method="instances.start", error="ZONE_RESOURCE_POOL_EXHAUSTED", zone=z)`."""
+    from forja_sandbox.compute_emulator.server import FAULTS_PATH
+
+    request = urllib.request.Request(f"http://127.0.0.1:{port()}{FAULTS_PATH}", method="POST",
+                                     data=json.dumps(rule).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        resp.read()
 
 
 def stop_service() -> None:
@@ -235,6 +264,23 @@ def _serve_metadata(emulator, p: int, stop: threading.Event) -> None:  # type: i
         server.stop()
 
 
+def _serve_storage_on_bridge(p: int, stop: threading.Event) -> None:
+    """Relay the storage emulator to the hosts' bridge once it exists, as _serve_metadata does: the
+    sandbox's VMs reach it there, and nothing else but 127.0.0.1 does."""
+    from forja_sandbox.storage_emulator import BridgeRelay
+
+    relay = None
+    while relay is None and not stop.is_set():
+        try:
+            relay = BridgeRelay(f"{testhosts.net_prefix()}.1", storage_port(p),
+                                ("127.0.0.1", storage_port(p))).start()
+        except OSError:  # no bridge yet (no host booted), or the port is taken: try again later
+            stop.wait(POLL_S)
+    stop.wait()
+    if relay is not None:
+        relay.stop()
+
+
 def serve(p: int) -> None:
     """Run the emulator bound to test hosts until SIGTERM.
 
@@ -244,6 +290,7 @@ def serve(p: int) -> None:
     from forja_sandbox.backend import TestHostBackend
     from forja_sandbox.compute_emulator import ComputeEmulator
     from forja_sandbox.iap import IapStandIn
+    from forja_sandbox.storage_emulator import StorageEmulator
 
     sp = paths()
     # As on GCE: the hosts enforce the project's firewall rules (forja_sandbox/firewall.py), and SSH
@@ -252,6 +299,8 @@ def serve(p: int) -> None:
     emulator = ComputeEmulator(host="127.0.0.1", port=p, backend=backend, projects=(PROJECT,),
                                state_file=sp.state)
     sp.pid.write_text(str(os.getpid()))  # only once the port is ours: a loser of a race exits above
+    # Cloud Storage answers before the Compute API does, so whoever ensure_running() lets go finds both.
+    storage = StorageEmulator(port=storage_port(p), data_dir=sp.storage).start()
     for fault in json.loads(os.environ.get("FORJA_SANDBOX_FAULTS") or "[]"):
         emulator.faults.add(**fault)  # failure drills, e.g. a stock-out on the first insert
     emulator.start()
@@ -265,12 +314,14 @@ def serve(p: int) -> None:
     watcher = threading.Thread(target=_watch_guest_poweroff, args=(emulator, backend, done), daemon=True)
     watcher.start()
     threading.Thread(target=_serve_metadata, args=(emulator, p, done), daemon=True).start()
+    threading.Thread(target=_serve_storage_on_bridge, args=(p, done), daemon=True).start()
     iap = IapStandIn(emulator.instance, port=iap_port(p)).start()
     echo = AddressEcho(f"{testhosts.net_prefix()}.1", port=address_port(p)).start()
     print(f"forja sandbox: Compute emulator at {emulator.base_url}", flush=True)
     done.wait()
     iap.stop()
     echo.stop()
+    storage.stop()
     emulator.stop()
     with contextlib.suppress(OSError):
         if sp.pid.read_text().strip() == str(os.getpid()):

@@ -18,9 +18,9 @@ plain Python value, so ``torch.load(weights_only=True)`` reads it (no pickle cod
 file on a shared disk).
 
 Public, stable API (the trainer and users' own scripts through ``trainer.runlib``):
-:func:`atomic_save`, :func:`verify_checkpoint`, :func:`load_checkpoint`, :class:`CheckpointManager`
-(``save``, ``list``, ``load_latest``, ``load_for_resume``), :class:`CorruptCheckpoint`,
-:class:`NoValidCheckpoint`, :func:`rng_state`, :func:`set_rng_state`.
+:func:`atomic_save`, :func:`verify_checkpoint`, :func:`footer_digest`, :func:`load_checkpoint`,
+:class:`CheckpointManager` (``save``, ``list``, ``load_latest``, ``load_for_resume``),
+:class:`CorruptCheckpoint`, :class:`NoValidCheckpoint`, :func:`rng_state`, :func:`set_rng_state`.
 """
 
 from __future__ import annotations
@@ -192,6 +192,23 @@ def verify_checkpoint(path: str | os.PathLike[str]) -> bool:
             f"computed {computed[:12]}...): changed on disk after it was written"
         )
     return True
+
+
+def footer_digest(path: str | os.PathLike[str]) -> str | None:
+    """The checksum a checkpoint's footer holds (64 hex digits), read without hashing; None without one.
+
+    What :func:`atomic_save` returned for the file: the bucket mirror puts it in its completion marker.
+    """
+    path = Path(path)
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size < FOOTER_LEN:
+            return None
+        handle.seek(size - FOOTER_LEN)
+        footer = handle.read(FOOTER_LEN)
+    if not footer.startswith(FOOTER_MARK):
+        return None
+    return footer[len(FOOTER_MARK) : -1].decode("ascii", "replace")
 
 
 def load_checkpoint(path: str | os.PathLike[str], map_location: str | torch.device = "cpu") -> dict[str, Any]:

@@ -143,6 +143,13 @@ class TrainConfig(BaseModel):
         30.0, ge=0.0, description="Skip an epoch-end checkpoint this soon after the previous one."
     )
     keep_checkpoints: int = Field(3, ge=1, description="Newest checkpoints kept on disk.")
+    checkpoint_bucket: str | None = Field(
+        None,
+        description="Mirror checkpoints to gs://BUCKET/PREFIX/<run>/; null: $FORJA_CHECKPOINT_BUCKET.",
+    )
+    checkpoint_upload_wait_s: float = Field(
+        120.0, ge=0.0, description="At the end of a run, wait at most this long for the last upload."
+    )
     allow_fresh_start: bool = Field(
         False, description="Start again from step 0 when every checkpoint of the run fails verification."
     )
@@ -164,6 +171,16 @@ class TrainConfig(BaseModel):
         module, sep, attr = value.rpartition(":")
         if not sep or not module or not attr:
             raise ValueError(f"must be 'package.module:callable' or './file.py:callable' (got {value!r})")
+        return value
+
+    @field_validator("checkpoint_bucket")
+    @classmethod
+    def _bucket_url(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        from trainer.mirror import parse_bucket_url  # imports torch: only when a bucket is set
+
+        parse_bucket_url(value)
         return value
 
     @model_validator(mode="after")

@@ -23,6 +23,7 @@ from trainer import metrics
 from trainer.checkpoint import CheckpointManager
 from trainer.config import TrainConfig
 from trainer.data import BatchPlan, ResumableSampler, StreamPosition
+from trainer.mirror import CheckpointMirror
 from trainer.optim import Schedule
 from trainer.precision import Amp
 from trainer.runtime import Runtime
@@ -88,6 +89,7 @@ class Parts:
     events: metrics.JsonLines | None  # rank 0 only
     metric_log: metrics.JsonLines | None  # rank 0 only
     gpu: metrics.GpuProbe
+    mirror: CheckpointMirror | None = None  # rank 0 with a checkpoint bucket: uploads in the background
 
     @property
     def config(self) -> TrainConfig:

@@ -39,6 +39,8 @@ SAFE_KEYS: dict[str, str] = {
     "checkpoint_every_steps": "",
     "checkpoint_min_interval_s": "",
     "keep_checkpoints": "",
+    "checkpoint_bucket": "",
+    "checkpoint_upload_wait_s": "",
     "eval_every_steps": "",
     "eval_batch_size": "",
     "log_every_steps": "",

@@ -27,6 +27,11 @@ contract in the environment; :func:`contract` reads it:
 
 Run locally without forja, the same script writes to ``./forja-run`` (or ``FORJA_RUN_DIR``).
 
+With ``FORJA_CHECKPOINT_BUCKET=gs://BUCKET/PREFIX`` (or ``Run(checkpoint_bucket=...)``) every
+checkpoint :meth:`Run.save` writes is also uploaded to ``PREFIX/<run>/checkpoints/`` in the
+background, and :class:`Run` resumes from the bucket when its checkpoint is newer than the disk's
+(:mod:`trainer.mirror`).
+
 Example (every rank runs the same lines; only rank 0 writes files)::
 
     import sys
@@ -77,6 +82,7 @@ from trainer.checkpoint import (
     set_rng_state,
     verify_checkpoint,
 )
+from trainer.config import ConfigError
 from trainer.errors import UserCodeError
 from trainer.exit_codes import (
     BAD_CONFIG,
@@ -86,6 +92,13 @@ from trainer.exit_codes import (
     NO_VALID_CHECKPOINT,
     PREEMPTED,
     USER_ERROR,
+)
+from trainer.mirror import (
+    BUCKET_ENV,
+    PREEMPTED_UPLOAD_WAIT_S,
+    CheckpointMirror,
+    MirrorUnavailable,
+    bucket_url,
 )
 from trainer.preemption import StopRequest
 
@@ -254,6 +267,8 @@ class Run:
         run_dir: str | os.PathLike[str] | None = None,
         render_plots: bool = True,
         allow_fresh_start: bool = False,
+        checkpoint_bucket: str | None = None,
+        upload_wait_s: float = 120.0,
     ) -> None:
         env = dict(os.environ)
         if run_dir is not None:
@@ -266,6 +281,10 @@ class Run:
         self.allow_fresh_start = allow_fresh_start
         self._world = world
         self.checkpoints = CheckpointManager(self.contract.checkpoint_dir, keep=keep)
+        self.bucket_url = bucket_url(checkpoint_bucket, env)
+        self.upload_wait_s = upload_wait_s
+        #: Rank 0's bucket mirror (trainer.mirror) once the session is entered, when a bucket is set.
+        self.mirror: CheckpointMirror | None = None
         self._created = time.monotonic()
         self.start_step = 0
         self.step = 0
@@ -315,6 +334,14 @@ class Run:
         if world.is_main:
             for stale in self.checkpoints.remove_stale_temporaries():
                 log.warning("removed a checkpoint a killed writer left half-written: %s", stale.name)
+            if self.bucket_url is not None:  # the bucket's checkpoint first, when newer than the disk's
+                try:
+                    self.mirror = CheckpointMirror(
+                        self.bucket_url, self.contract.run, keep=self.checkpoints.keep
+                    )
+                except ValueError as exc:
+                    raise ConfigError([f"checkpoint_bucket ({BUCKET_ENV}): {exc}"]) from None
+                self.mirror.sync_at_start(self.checkpoints)
             found = self.checkpoints.load_for_resume(allow_fresh_start=self.allow_fresh_start)
         state = found.state if found else None
         if world.distributed:  # only rank 0's host holds the checkpoints (several hosts, one writer)
@@ -447,6 +474,8 @@ class Run:
         path = self.checkpoints.save(
             {**state, "step": int(step), "wall_s": self._clock.total_s(), "rng": rngs}, int(step)
         )
+        if self.mirror is not None:  # the upload runs in the background; this only hands it over
+            self.mirror.submit(path, int(step))
         reason = "stop" if self._stopped_by else "final" if step == self.total_steps else "interval"
         self.event("checkpoint", reason=reason, path=path.name)
         return path
@@ -468,10 +497,26 @@ class Run:
         else:
             self.status = "completed"
             self.event("finish")
+        if self.mirror is not None:
+            self._finish_uploads()
         if self.is_main:
             self._finish(exc)
         if self._world is not None and exc is None:
             distributed.barrier(self._world)  # a rank leaving early must not abort a peer still finishing
+
+    def _finish_uploads(self) -> None:
+        """Wait (bounded; less when preempted) for the last upload; an event says what reached the bucket."""
+        assert self.mirror is not None
+        wait_s = (
+            self.upload_wait_s
+            if self.status == "completed"
+            else min(self.upload_wait_s, PREEMPTED_UPLOAD_WAIT_S)
+        )
+        complete = self.mirror.close(wait_s)
+        stats = self.mirror.stats
+        self.event("mirror", bucket=self.mirror.url, complete=complete, uploaded_steps=stats.uploaded,
+                   superseded_steps=stats.superseded, failed_attempts=stats.failed_attempts,
+                   last_error=stats.last_error)  # fmt: skip
 
     def _finish(self, exc: BaseException | None) -> None:
         from trainer.report import render, write_summary
@@ -516,6 +561,13 @@ def _main(argv: list[str]) -> int:
     if len(argv) != 2 or argv[0] != "resume-point":
         print("usage: python -m trainer.runlib resume-point CHECKPOINT_DIR", file=sys.stderr)
         return BAD_CONFIG
+    url = bucket_url(None)
+    if url is not None:  # a fresh disk (a new VM): the bucket's newest verified checkpoint comes first
+        try:
+            CheckpointMirror(url, contract().run).pull_newer(CheckpointManager(Path(argv[1])))
+        except (ValueError, MirrorUnavailable) as exc:
+            print(f"error: {BUCKET_ENV}: {exc}", file=sys.stderr)
+            return FAILED
     path = resume_point(argv[1])
     print(path or "")
     return COMPLETED

@@ -51,6 +51,7 @@ from trainer.data import (
 from trainer.errors import UserCodeError
 from trainer.hardware import peak_flops
 from trainer.loop_state import Feed, LoopState, Net, Parts, Saved, Start
+from trainer.mirror import PREEMPTED_UPLOAD_WAIT_S, CheckpointMirror, MirrorUnavailable, bucket_url
 from trainer.optim import Schedule, build_optimizer
 from trainer.precision import make_amp
 from trainer.preemption import StopRequest
@@ -258,9 +259,10 @@ def train(
     started = time.monotonic() if started_at is None else started_at
     out = Path(os.path.expanduser(str(out_dir if out_dir is not None else config.out_dir))).resolve()
     rt = prepare(config)
+    mirror = make_mirror(rt, out)
     ended_well = False
     try:
-        result = _train(rt, out, on_step, started)
+        result = _train(rt, out, on_step, started, mirror)
         ended_well = True
         return result
     except Exception as exc:
@@ -269,7 +271,24 @@ def train(
                 record_failure(out, exc)
         raise
     finally:
+        if mirror is not None:  # a failed run's newest checkpoint matters as much (bounded wait)
+            mirror.close(config.checkpoint_upload_wait_s)
         distributed.teardown(rt.world if ended_well else None)
+
+
+def make_mirror(rt: Runtime, out: Path) -> CheckpointMirror | None:
+    """Rank 0's bucket mirror (trainer.mirror) when a bucket is set, by the config or the environment.
+
+    The run's prefix is its name: ``FORJA_RUN`` (set by forja's launcher), else the run folder's name.
+    """
+    url = bucket_url(rt.config.checkpoint_bucket)
+    if url is None or not rt.world.is_main:
+        return None
+    run = os.environ.get("FORJA_RUN") or out.name
+    try:
+        return CheckpointMirror(url, run, keep=rt.config.keep_checkpoints)
+    except ValueError as exc:  # FORJA_CHECKPOINT_BUCKET is read here, not by the config's validation
+        raise ConfigError([f"checkpoint_bucket: {exc}"]) from None
 
 
 def record_failure(out: Path, exc: BaseException) -> None:
@@ -289,7 +308,13 @@ def record_failure(out: Path, exc: BaseException) -> None:
     events.close()
 
 
-def _train(rt: Runtime, out: Path, on_step: Callable[[int], None] | None, started: float) -> RunResult:
+def _train(
+    rt: Runtime,
+    out: Path,
+    on_step: Callable[[int], None] | None,
+    started: float,
+    mirror: CheckpointMirror | None = None,
+) -> RunResult:
     """One session: set up, resume, loop, summarise. Each part of a step is a function below this one."""
     config, world = rt.config, rt.world
     if world.is_main:
@@ -306,7 +331,7 @@ def _train(rt: Runtime, out: Path, on_step: Callable[[int], None] | None, starte
 
     # -- resume from the newest checkpoint that loads (rank 0 reads, everyone receives)
     ckpts = CheckpointManager(out / "checkpoints", keep=config.keep_checkpoints)
-    saved = read_checkpoint(rt, out, ckpts)
+    saved = read_checkpoint(rt, out, ckpts, mirror)
     model_code = model_fingerprint(rt.model_fn)
     feed, oom_fallbacks, oom_restart = keep_oom_lowering(rt, feed, saved)
     resolved = resolve_config(rt, out, feed.plan)
@@ -333,6 +358,7 @@ def _train(rt: Runtime, out: Path, on_step: Callable[[int], None] | None, starte
         events=events,
         metric_log=metric_log,
         gpu=metrics.GpuProbe(world.device),
+        mirror=mirror,
     )
     s = LoopState(
         feed=feed,
@@ -381,6 +407,8 @@ def _train(rt: Runtime, out: Path, on_step: Callable[[int], None] | None, starte
     loop_s = time.monotonic() - s.loop_start
     if s.status == "completed":  # the last step's checkpoint is on disk: a stop now only skips the evaluation
         final_evaluation(p, s)
+    if p.mirror is not None:
+        finish_uploads(p, s)
     summary = write_run_summary(p, s, loop_s) if world.is_main else {}
     code = exit_codes.COMPLETED if s.status == "completed" else exit_codes.PREEMPTED
     return RunResult(status=s.status, exit_code=code, out_dir=out, summary=summary)
@@ -459,24 +487,32 @@ def resolve_config(rt: Runtime, out: Path, plan: BatchPlan) -> TrainConfig:
     )
 
 
-def read_checkpoint(rt: Runtime, out: Path, ckpts: CheckpointManager) -> Saved:
+def read_checkpoint(
+    rt: Runtime, out: Path, ckpts: CheckpointManager, mirror: CheckpointMirror | None = None
+) -> Saved:
     """Rank 0 reads the newest checkpoint that verifies (and an OOM record); every rank receives it.
 
-    Raises NoValidCheckpoint on every rank (the others would wait in the broadcast otherwise) when
-    checkpoints exist but none verifies and a fresh start is not allowed.
+    With a bucket mirror, the bucket's newest verified checkpoint is pulled first when it is newer
+    than the disk's. Raises NoValidCheckpoint (or MirrorUnavailable) on every rank (the others
+    would wait in the broadcast otherwise) when checkpoints exist but none verifies and a fresh
+    start is not allowed (or the bucket cannot be read and the disk holds none).
     """
     world = rt.world
     state: dict[str, Any] | None = None
     skipped: list[str] = []
-    resumed_file, no_valid, oom_record = "", None, None
+    resumed_file, no_valid, oom_record, unavailable = "", None, None, None
     if world.is_main:
         oom_record = read_oom_record(out)
         for stale in ckpts.remove_stale_temporaries():
             log.warning("removed a checkpoint a killed writer left half-written: %s", stale.name)
         try:
+            if mirror is not None:
+                mirror.sync_at_start(ckpts)
             found_ckpt = ckpts.load_for_resume(rt.config.allow_fresh_start)
         except NoValidCheckpoint as exc:
             found_ckpt, no_valid = None, str(exc)
+        except MirrorUnavailable as exc:
+            found_ckpt, unavailable = None, str(exc)
         if found_ckpt is not None:
             state, resumed_file = found_ckpt.state, found_ckpt.path.name
             skipped = [p.name for p in found_ckpt.skipped]
@@ -484,11 +520,13 @@ def read_checkpoint(rt: Runtime, out: Path, ckpts: CheckpointManager) -> Saved:
         else:
             skipped = [p.name for p in ckpts.corrupt()]
     if world.distributed:
-        box = [(state, no_valid, resumed_file, oom_record)]
+        box = [(state, no_valid, resumed_file, oom_record, unavailable)]
         torch.distributed.broadcast_object_list(box, src=0)
-        state, no_valid, resumed_file, oom_record = box[0]
+        state, no_valid, resumed_file, oom_record, unavailable = box[0]
     if no_valid is not None:
         raise NoValidCheckpoint(no_valid)
+    if unavailable is not None:
+        raise MirrorUnavailable(unavailable)
     return Saved(state, resumed_file, skipped, oom_record)
 
 
@@ -850,6 +888,8 @@ def save_checkpoint(p: Parts, s: LoopState, reason: str) -> None:
             s.step,
         )
         write_s = round(time.monotonic() - write_start, 4)
+        if p.mirror is not None:  # hands the file to the upload thread: microseconds, never the upload
+            p.mirror.submit(path, s.step)
         event(p, s, "checkpoint", reason=reason, path=path.name, write_s=write_s)
     s.last_saved, s.last_ckpt_time = s.step, time.monotonic()
 
@@ -877,6 +917,25 @@ def final_evaluation(p: Parts, s: LoopState) -> None:
     else:
         s.eval_result = evaluated
         event(p, s, "finish", **evaluated)
+
+
+def finish_uploads(p: Parts, s: LoopState) -> None:
+    """Wait (bounded) for the last checkpoint's upload, and say in events.jsonl what reached the bucket.
+
+    A preempted run waits less: its VM is about to go (trainer.mirror.PREEMPTED_UPLOAD_WAIT_S).
+    Under DDP the peers wait for rank 0 in a collective meanwhile: at most half their timeout.
+    """
+    assert p.mirror is not None
+    wait_s = p.config.checkpoint_upload_wait_s
+    if s.status != "completed":
+        wait_s = min(wait_s, PREEMPTED_UPLOAD_WAIT_S)
+    if p.rt.world.distributed:
+        wait_s = min(wait_s, p.config.ddp_timeout_s / 2)
+    complete = p.mirror.close(wait_s)
+    stats = p.mirror.stats
+    event(p, s, "mirror", bucket=p.mirror.url, complete=complete, uploaded_steps=stats.uploaded,
+          superseded_steps=stats.superseded, failed_attempts=stats.failed_attempts,
+          last_error=stats.last_error)  # fmt: skip
 
 
 def write_run_summary(p: Parts, s: LoopState, loop_s: float) -> dict[str, Any]:

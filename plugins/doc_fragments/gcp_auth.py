@@ -3,10 +3,10 @@
 """The Compute API connection and credential options shared by forja.gpu's GCP plugins.
 
 One description of them for ansible-doc, as amazon.aws does for its credentials: the modules
-(gcp_gpu_instance, gcp_gpu_firewall) extend ``forja.gpu.gcp_auth`` and ``forja.gpu.gcp_auth.modules``,
-the gcp_gpu inventory plugin extends ``forja.gpu.gcp_auth``. The options themselves are read in one
-place, plugins/module_utils/forja_gcp.py (AUTH_ARGUMENT_SPEC, GcpConfig), which also fills what
-they leave empty from the FORJA_GCP_* variables.
+(gcp_gpu_instance, gcp_gpu_firewall, gcp_gpu_bucket) extend ``forja.gpu.gcp_auth`` and
+``forja.gpu.gcp_auth.modules``, the gcp_gpu inventory plugin extends ``forja.gpu.gcp_auth``. The
+options themselves are read in one place, plugins/module_utils/forja_gcp.py (AUTH_ARGUMENT_SPEC,
+GcpConfig), which also fills what they leave empty from the FORJA_GCP_* variables.
 """
 
 from __future__ import annotations

@@ -302,6 +302,17 @@ class GcpClient:
             self.stats["token_refreshes"] += 1
         return creds.token
 
+    def google_credentials(self) -> Any:
+        """The google-auth credentials these options resolve to, for Google's own client libraries
+        (Cloud Storage, forja_gcp_storage.py): the same auth_kind rules, resolved here only."""
+        if self._static_token is None and self._credentials is None:
+            self._load_credentials()
+        if self._static_token is not None:
+            import google.oauth2.credentials  # only here: the one kind that needs it
+
+            return google.oauth2.credentials.Credentials(self._static_token)
+        return self._credentials
+
     def _invalidate_token(self) -> None:
         if self._credentials is not None:
             self._credentials.token = None

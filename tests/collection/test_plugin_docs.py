@@ -134,6 +134,7 @@ def test_the_auth_fragment_documents_exactly_the_options_the_modules_accept():
 @pytest.mark.parametrize(("path", "fragments"), [
     ("modules/gcp_gpu_instance.py", ["forja.gpu.gcp_auth", "forja.gpu.gcp_auth.modules"]),
     ("modules/gcp_gpu_firewall.py", ["forja.gpu.gcp_auth", "forja.gpu.gcp_auth.modules"]),
+    ("modules/gcp_gpu_bucket.py", ["forja.gpu.gcp_auth", "forja.gpu.gcp_auth.modules"]),
     ("inventory/gcp_gpu.py", ["forja.gpu.gcp_auth"]),
 ])
 def test_the_gcp_plugins_take_the_auth_options_from_the_fragment_not_a_copy(path: str, fragments: list[str]):

@@ -315,6 +315,10 @@ def network_resource(base: str, project: str) -> dict[str, Any]:
     }
 
 
+#: Every sandbox project's Compute Engine default service account (Google's form: NUMBER-compute@...).
+DEFAULT_SERVICE_ACCOUNT = "123456789012-compute@developer.gserviceaccount.com"
+
+
 def project_resource(base: str, project: str) -> dict[str, Any]:
     return {
         "kind": "compute#project",
@@ -323,7 +327,7 @@ def project_resource(base: str, project: str) -> dict[str, Any]:
         "name": project,
         "selfLink": f"{base}projects/{project}",
         "commonInstanceMetadata": {"kind": "compute#metadata", "fingerprint": "42WmSpB8rSM="},
-        "defaultServiceAccount": "123456789012-compute@developer.gserviceaccount.com",
+        "defaultServiceAccount": DEFAULT_SERVICE_ACCOUNT,
         "defaultNetworkTier": "PREMIUM",
         "xpnProjectStatus": "UNSPECIFIED_XPN_PROJECT_STATUS",
     }

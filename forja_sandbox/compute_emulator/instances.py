@@ -133,6 +133,9 @@ def build_instance(body: dict[str, Any], project: str, zone: str, base: str) -> 
     )
     if metadata_items:
         instance["metadata"]["items"] = metadata_items
+    for account in instance.get("serviceAccounts") or []:  # Google stores the account "default" stands for
+        if account.get("email") in (None, "", "default"):
+            account["email"] = catalog.DEFAULT_SERVICE_ACCOUNT
     if not instance["labels"]:
         del instance["labels"]
     if accelerators:

@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 
 API_PREFIX = "/compute/v1/"
 TOKEN_PATH = "/token"
+#: The emulator's own control path (not Google's): POST a `Faults.add` keyword set, DELETE clears
+#: them. It lets a drill make a zone run out while another process (the sandbox service) serves.
+FAULTS_PATH = "/emulator/v1/faults"
 _REALM = "https://accounts.google.com/"
 _CREDENTIAL_HINT = (
     "Expected OAuth 2 access token, login cookie or other valid authentication credential. "
@@ -160,6 +163,8 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if url.path == TOKEN_PATH and http_method == "POST":
                 status, payload = self._token(raw)
+            elif url.path == FAULTS_PATH and http_method in ("POST", "DELETE"):
+                status, payload = self._faults(http_method, raw)
             elif url.path.startswith(API_PREFIX):
                 status, payload = self._api(http_method, url.path[len(API_PREFIX) :], url.query, raw)
             elif url.path.startswith(oslogin.PREFIX):
@@ -176,6 +181,19 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             # The client gave up first (e.g. its timeout on operations.wait): nobody to answer.
             self.close_connection = True
+
+    def _faults(self, http_method: str, raw: bytes) -> tuple[int, dict[str, Any]]:
+        """Add one fault rule (the body: `Faults.add`'s keywords), or clear them all."""
+        faults = self.server.emulator.faults
+        if http_method == "DELETE":
+            faults.clear()
+            return 200, {}
+        try:
+            rule = json.loads(raw or b"{}")
+            fault = faults.add(**rule)
+        except (ValueError, TypeError) as exc:
+            raise ApiError(400, f"Not a fault rule: {exc}", "badRequest") from None
+        return 200, {"method": fault.method, "zone": fault.zone, "times": fault.times}
 
     def _token(self, raw: bytes) -> tuple[int, dict[str, Any]]:
         emulator = self.server.emulator

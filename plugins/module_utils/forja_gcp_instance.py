@@ -124,6 +124,8 @@ def instance_facts(
         "tags": sorted((instance.get("tags") or {}).get("items") or []),
         "metadata_keys": sorted(metadata_dict(instance)),
         "boot_disk_size_gb": boot_disk_size_of(instance),
+        # the VM's identity on Google's APIs: what a bucket's IAM policy grants (the gcp_bucket role)
+        "service_account": ((instance.get("serviceAccounts") or [{}])[0]).get("email"),
         "self_link": instance.get("selfLink"),
         "creation_timestamp": instance.get("creationTimestamp"),
         "last_start_timestamp": instance.get("lastStartTimestamp"),

@@ -304,6 +304,7 @@ instance:
     tags: {description: Network tags., type: list}
     metadata_keys: {description: Metadata keys (values are not returned)., type: list}
     boot_disk_size_gb: {description: Boot disk size in GB (billed while stopped)., type: int}
+    service_account: {description: The VM's service account (what a bucket's IAM policy grants)., type: str}
     self_link: {description: Resource URL., type: str}
     creation_timestamp: {description: RFC 3339 creation time., type: str}
     last_start_timestamp: {description: RFC 3339 time of the last start., type: str}

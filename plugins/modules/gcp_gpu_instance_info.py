@@ -74,16 +74,19 @@ zone:
   type: str
   sample: us-east1-d
 instance:
-  description: The VM's facts (those of M(forja.gpu.gcp_gpu_instance)'s RV(instance)); empty when it does not exist.
+  description:
+    - The VM's facts (those of M(forja.gpu.gcp_gpu_instance)'s RV(instance)); empty when it does not exist.
   returned: always
   type: dict
 preempted_at:
-  description: When Google preempted this Spot VM, if that is why it is stopped now (RFC 3339); empty otherwise.
+  description:
+    - When Google preempted this Spot VM, if that is why it is stopped now (RFC 3339); empty otherwise.
   returned: always
   type: str
   sample: "2026-11-23T06:12:41.000-08:00"
 preemptions:
-  description: Every preemption of the VM in its current zone that the zone's operations still list, oldest first.
+  description:
+    - Every preemption of the VM in its current zone that the zone's operations still list, oldest first.
   returned: always
   type: list
   elements: str

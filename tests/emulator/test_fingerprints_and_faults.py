@@ -206,3 +206,21 @@ def test_a_client_that_gives_up_waiting_leaves_the_emulator_serving_quietly(
     assert client.wait(op)["status"] == "DONE"
     time.sleep(0.1)
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_fault_added_over_http_fires_like_one_added_in_process(emu: ComputeEmulator,
+                                                                 client: Client) -> None:
+    """The control path a drill uses while another process (the sandbox service) runs the emulator."""
+    client.insert(small_body("drill"))
+    client.wait(client.ok(client.post(f"zones/{ZONE}/instances/drill/stop")))
+    rule = {"method": "instances.start", "error": "ZONE_RESOURCE_POOL_EXHAUSTED", "zone": ZONE}
+    assert requests.post(f"{emu.url}/emulator/v1/faults", json=rule, timeout=10).json()["times"] == 1
+    done = client.wait(client.ok(client.post(f"zones/{ZONE}/instances/drill/start")))
+    assert done["error"]["errors"][0]["code"] == "ZONE_RESOURCE_POOL_EXHAUSTED"
+    refused = requests.post(f"{emu.url}/emulator/v1/faults", json={"method": "instances.start"}, timeout=10)
+    assert refused.status_code == 400 and "needs status=, error= or delay_s=" in refused.text
+    requests.post(f"{emu.url}/emulator/v1/faults", json={**rule, "times": None}, timeout=10)
+    assert requests.delete(f"{emu.url}/emulator/v1/faults", timeout=10).status_code == 200
+    done = client.wait(client.ok(client.post(f"zones/{ZONE}/instances/drill/start")))
+    assert "error" not in done
+    assert client.ok(client.get(f"zones/{ZONE}/instances/drill"))["status"] == "RUNNING"

@@ -120,6 +120,10 @@ def test_the_sandbox_inventory_states_the_services_own_endpoint(monkeypatch: pyt
     assert group_vars["autostop_metadata_url"] == endpoint["metadata_url"]
     assert group_vars["gcp_instance_ssh_address_url"] == service.address_url()
     assert group_vars["gcp_instance_os_login_url"] == service.oslogin_url()
+    assert group_vars["gcp_bucket_storage_emulator_host"] == endpoint["storage_url"] == service.storage_url()
+    assert group_vars["trainer_run_env"]["STORAGE_EMULATOR_HOST"] == service.storage_url(bridge=True)
+    assert group_vars["gcp_bucket_project"] == endpoint["project"]
+    assert group_vars["trainer_run_checkpoint_bucket"].startswith(f"gs://{group_vars['gcp_bucket_name']}/")
     assert str(Path(group_vars["gcp_instance_ssh_key_file"]).expanduser()) == str(testhosts.key_path())
     assert group_vars["gcp_instance_ssh_iap_command"].endswith("-m forja_sandbox.iap start-iap-tunnel")
     assert sorted(p.name for p in SANDBOX.iterdir()) == ["gcp_gpu.yml", "group_vars"], (

@@ -13,6 +13,13 @@ Layout of a run's prefix::
                                     and the generation of the object above it vouches for
     .partial/ckpt-<step>.pt.<id>    an upload in progress, or one a crash abandoned: never read
 
+and beside it, ``gs://BUCKET/PREFIX/<run>/logs/``: the run folder's ``events.jsonl`` and
+``metrics.jsonl`` (whole lines only), overwritten after each checkpoint is marked complete and once
+more when the mirror closes. The run's history lives in them (sessions, preemptions, the steps a
+resume redid): a start on a fresh disk (a new VM in another zone) downloads them before it writes
+anything, so the history and the resume's lost steps count the sessions the lost disk saw. Local
+logs are never overwritten, and a failed log upload only costs a warning.
+
 Atomic: the bytes go to a ``.partial/`` name first (a resumable upload, in chunks), are copied to
 the final name, and only then does the marker appear. A reader takes nothing without a marker,
 and checks the downloaded bytes against the marker's size and digest (and the file's own footer)
@@ -38,6 +45,7 @@ or talks to an emulator named by ``STORAGE_EMULATOR_HOST``.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -78,6 +86,8 @@ DIGEST_ALGORITHM = "sha256-8MiB-blocks"
 CHUNK_SIZE = 32 << 20
 #: Seconds to wait for the network on each request (connect, read) before the attempt counts as failed.
 REQUEST_TIMEOUT_S = (10.0, 120.0)
+#: The run folder's logs mirrored to ``PREFIX/<run>/logs/<name>`` (the run's history, see above).
+LOG_FILES = ("events.jsonl", "metrics.jsonl")
 MARKER_RE = re.compile(r"^ckpt-(\d+)\.pt" + re.escape(MARKER_SUFFIX) + "$")
 # Cloud Storage bucket names: 3-63 characters, lower-case letters, digits, '-', '_' and '.'.
 BUCKET_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
@@ -189,7 +199,9 @@ class CheckpointMirror:
     """One run's checkpoints in ``gs://BUCKET/PREFIX/<run>/checkpoints/``: background upload, verified pull.
 
     ``keep``: markers kept in the bucket (older checkpoints are deleted after a new one is marked);
-    0 keeps all. The retry delays double from ``retry_initial_s`` to ``retry_max_s``.
+    0 keeps all. The retry delays double from ``retry_initial_s`` to ``retry_max_s``. ``run_dir``:
+    the run folder whose logs (:data:`LOG_FILES`) go to ``logs/`` beside ``checkpoints/``, and come
+    back at a start on a fresh disk; None mirrors checkpoints only.
     """
 
     def __init__(
@@ -201,11 +213,14 @@ class CheckpointMirror:
         chunk_size: int = CHUNK_SIZE,
         retry_initial_s: float = 1.0,
         retry_max_s: float = 60.0,
+        run_dir: Path | None = None,
     ) -> None:
         self.bucket_name, base = parse_bucket_url(url)
         if not run or "/" in run:
             raise ValueError(f"run name {run!r} cannot name a bucket prefix (no '/', not empty)")
         self.prefix = f"{base}/{run}/checkpoints/" if base else f"{run}/checkpoints/"
+        self.logs_prefix = f"{base}/{run}/logs/" if base else f"{run}/logs/"
+        self.run_dir = Path(run_dir) if run_dir is not None else None
         self.keep = keep
         self.chunk_size = chunk_size
         self.retry_initial_s = retry_initial_s
@@ -220,6 +235,15 @@ class CheckpointMirror:
         self._current: _Job | None = None
         self._closing = False
         self._thread: threading.Thread | None = None
+        self._logs_due = False  # close() asked the worker for one more upload of the logs
+        self._logs_busy = False  # the worker is uploading the logs alone (no checkpoint job)
+        #: sha256 of each log's bytes last uploaded (unchanged logs are not sent again).
+        self._logs_sent: dict[str, bytes] = {}
+        #: Why this session must not replace the bucket's logs (None: it may): until restore_logs has
+        #: compared the run folder with the bucket, a folder holding only this session's lines (a
+        #: failure on a fresh disk) would replace the whole history.
+        self._logs_held: str | None = "the bucket's logs were not looked at yet (restore_logs)"
+        self._deadline: float | None = None  # the first close()'s: a later one waits no longer
 
     @property
     def url(self) -> str:
@@ -342,8 +366,10 @@ class CheckpointMirror:
         Pulls the bucket's newest verified checkpoint when it is newer than the disk's (returns its
         path). When the disk's is the newer (a session killed before its upload finished), it is
         submitted for upload now. Raises :class:`MirrorUnavailable` (see :meth:`pull_newer`).
+        On a fresh disk the run's logs come back first (:meth:`restore_logs`).
         """
         clear_staging(ckpts.folder)
+        self.restore_logs()
         pulled = self.pull_newer(ckpts)
         local = newest_verified_step(ckpts)
         if pulled is None and local is not None:
@@ -355,6 +381,83 @@ class CheckpointMirror:
             if not remote or remote[0].step < local:
                 self.submit(ckpts.path_for(local), local)
         return pulled
+
+    # -- the run's logs: events.jsonl and metrics.jsonl beside the checkpoints ---------------------------
+
+    def restore_logs(self) -> list[str]:
+        """A start on a fresh disk: the bucket's logs into the run folder; the names downloaded.
+
+        Call it before the session writes anything to the run folder (rank 0); uploads of the logs
+        wait for it. Only when the folder holds none of :data:`LOG_FILES` (a disk that kept its logs
+        knows at least as much: they are never overwritten). Both are read before either is written,
+        each through a temporary file renamed into place. When the bucket's logs cannot be read, this
+        session does not upload its own (they would replace a history it never saw): a warning says
+        so, and a later call tries again.
+        """
+        if self.run_dir is None or self._logs_held is None:
+            return []
+        if any((self.run_dir / name).exists() for name in LOG_FILES):
+            self._logs_held = None
+            return []
+        found: dict[str, bytes] = {}
+        try:
+            from google.api_core import exceptions as gexc
+
+            bucket = self.bucket()
+            for name in LOG_FILES:
+                with contextlib.suppress(gexc.NotFound):
+                    found[name] = bucket.blob(self.logs_prefix + name).download_as_bytes(
+                        timeout=REQUEST_TIMEOUT_S
+                    )
+            restored = [name for name, data in found.items() if _write_new(self.run_dir / name, data)]
+        except Exception as exc:  # unreachable, no access: train on, but leave the bucket's history alone
+            self._logs_held = f"{type(exc).__name__}: {exc}"
+            log.warning(
+                "cannot read the run's logs in gs://%s/%s (%s): this session's logs stay on this disk only",
+                self.bucket_name, self.logs_prefix, self._logs_held,
+            )  # fmt: skip
+            return []
+        self._logs_sent.update({name: hashlib.sha256(found[name]).digest() for name in restored})
+        self._logs_held = None
+        if restored:
+            log.info("restored %s from gs://%s/%s", ", ".join(restored), self.bucket_name, self.logs_prefix)
+        return restored
+
+    def upload_logs(self) -> bool:
+        """Upload the run folder's logs that changed since their last upload (whole lines only).
+
+        Best effort: a failure is logged and returns False (the next checkpoint's upload tries again).
+        Nothing before :meth:`restore_logs` has looked at the bucket's.
+        """
+        if self.run_dir is None or self._logs_held is not None:
+            return False
+        ok = True
+        for name in LOG_FILES:
+            try:
+                data = (self.run_dir / name).read_bytes()
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                log.warning("cannot read %s for its upload (%s)", name, exc)
+                ok = False
+                continue
+            data = data[: data.rfind(b"\n") + 1]  # a line being written goes with the next upload
+            digest = hashlib.sha256(data).digest()
+            if not data or self._logs_sent.get(name) == digest:
+                continue
+            try:
+                self.bucket().blob(self.logs_prefix + name).upload_from_string(
+                    data, content_type="application/x-ndjson", retry=None, timeout=REQUEST_TIMEOUT_S
+                )
+            except Exception as exc:  # the logs are history, not the run: never a reason to stop
+                log.warning(
+                    "upload of %s to gs://%s/%s failed (%s: %s); the next upload tries again",
+                    name, self.bucket_name, self.logs_prefix, type(exc).__name__, exc,
+                )  # fmt: skip
+                ok = False
+                continue
+            self._logs_sent[name] = digest
+        return ok
 
     # -- writing: one attempt ---------------------------------------------------------------------------
 
@@ -498,10 +601,26 @@ class CheckpointMirror:
     def close(self, timeout_s: float) -> bool:
         """Wait at most ``timeout_s`` for the last upload, then stop taking new ones; True when all are in.
 
-        An upload still under way goes on in its (daemon) thread until the process exits; its
-        checkpoint stays on the local disk, and the next start uploads it.
+        Then the logs go up once more when they changed since (the events written after the last
+        checkpoint), within the same wait. Called again (after the run's last events), it uploads
+        the logs again, never waiting past the first call's deadline. An upload still under way goes
+        on in its (daemon) thread until the process exits; its checkpoint stays on the local disk,
+        and the next start uploads it.
         """
-        done = self.wait(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        if self._deadline is not None:
+            deadline = min(deadline, self._deadline)
+        self._deadline = deadline
+        done = self.wait(max(0.0, deadline - time.monotonic()))
+        if done and self.run_dir is not None and self._logs_held is None:
+            with self._cond:
+                self._logs_due = True
+                self._cond.notify_all()
+            self.start()  # the worker of an earlier close() has ended
+            with self._cond:
+                self._cond.wait_for(
+                    lambda: not (self._logs_due or self._logs_busy), max(0.0, deadline - time.monotonic())
+                )
         with self._cond:
             self._closing = True
             self._cond.notify_all()
@@ -519,17 +638,24 @@ class CheckpointMirror:
     def _work(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._pending is not None or self._closing)
-                if self._pending is None:
+                self._cond.wait_for(lambda: self._pending is not None or self._logs_due or self._closing)
+                if self._pending is None and not self._logs_due:
+                    self._thread = None  # closed: a later close() starts another for the logs
                     return
                 job, self._pending = self._pending, None
                 self._current = job
+                if job is None:  # the logs alone (close)
+                    self._logs_due, self._logs_busy = False, True
             try:
-                self._upload_with_retries(job)
+                if job is None:
+                    self.upload_logs()
+                else:
+                    self._upload_with_retries(job)
             finally:
-                _unstage(job)
+                if job is not None:
+                    _unstage(job)
                 with self._cond:
-                    self._current = None
+                    self._current, self._logs_busy = None, False
                     self._cond.notify_all()
 
     def _upload_with_retries(self, job: _Job) -> None:
@@ -562,6 +688,9 @@ class CheckpointMirror:
             log.info(
                 "checkpoint of step %d mirrored to %s (%.1f s)", job.step, self.url, self.stats.last_upload_s
             )
+            with self._cond:  # read from now on: what close() asked for so far goes with this upload
+                self._logs_due = False
+            self.upload_logs()
             return
 
 
@@ -581,6 +710,29 @@ def _stage(path: Path, step: int) -> _Job:
 def _unstage(job: _Job) -> None:
     if job.staged:
         job.path.unlink(missing_ok=True)
+
+
+def _write_new(path: Path, data: bytes) -> bool:
+    """Write ``data`` to ``path`` through a temporary file renamed into place; never over an existing file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}{TMP_MARK}{os.getpid()}")
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            os.link(tmp, path)  # fails when the file appeared meanwhile: it is kept
+        except FileExistsError:
+            return False
+        except OSError:  # no hard links here: a rename, after one more look
+            if path.exists():
+                return False
+            os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(path.parent)
+    return True
 
 
 def clear_staging(folder: Path) -> None:

@@ -337,7 +337,7 @@ class Run:
             if self.bucket_url is not None:  # the bucket's checkpoint first, when newer than the disk's
                 try:
                     self.mirror = CheckpointMirror(
-                        self.bucket_url, self.contract.run, keep=self.checkpoints.keep
+                        self.bucket_url, self.contract.run, keep=self.checkpoints.keep, run_dir=self.run_dir
                     )
                 except ValueError as exc:
                     raise ConfigError([f"checkpoint_bucket ({BUCKET_ENV}): {exc}"]) from None
@@ -501,6 +501,8 @@ class Run:
             self._finish_uploads()
         if self.is_main:
             self._finish(exc)
+        if self.mirror is not None:  # the logs once more, with the last events (within the same wait)
+            self.mirror.close(self.upload_wait_s)
         if self._world is not None and exc is None:
             distributed.barrier(self._world)  # a rank leaving early must not abort a peer still finishing
 

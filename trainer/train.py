@@ -238,7 +238,9 @@ def history(events_path: Path) -> dict[str, Any]:
         if event.get("event") in ("start", "resume") or not sessions:
             sessions.append([])
         sessions[-1].append(event)
-    interrupted = sum(1 for s in sessions[:-1] if s[-1].get("event") not in ("finish",))
+    # A session's last word is finish, preempt or fail; the bucket mirror's report after it ends nothing.
+    said = [[e for e in s if e.get("event") != "mirror"] or s for s in sessions[:-1]]
+    interrupted = sum(1 for s in said if s[-1].get("event") not in ("finish",))
     lost = sum(int(e.get("lost_steps", 0)) for s in sessions for e in s if e.get("event") == "resume")
     return {"preemptions": interrupted, "lost_steps": lost}
 
@@ -280,15 +282,18 @@ def make_mirror(rt: Runtime, out: Path) -> CheckpointMirror | None:
     """Rank 0's bucket mirror (trainer.mirror) when a bucket is set, by the config or the environment.
 
     The run's prefix is its name: ``FORJA_RUN`` (set by forja's launcher), else the run folder's name.
+    The run folder's logs go along (``logs/``), and come back at a start on a fresh disk.
     """
     url = bucket_url(rt.config.checkpoint_bucket)
     if url is None or not rt.world.is_main:
         return None
     run = os.environ.get("FORJA_RUN") or out.name
     try:
-        return CheckpointMirror(url, run, keep=rt.config.keep_checkpoints)
+        mirror = CheckpointMirror(url, run, keep=rt.config.keep_checkpoints, run_dir=out)
     except ValueError as exc:  # FORJA_CHECKPOINT_BUCKET is read here, not by the config's validation
         raise ConfigError([f"checkpoint_bucket: {exc}"]) from None
+    mirror.restore_logs()  # before this session writes a line (even a failure's) into the run folder
+    return mirror
 
 
 def record_failure(out: Path, exc: BaseException) -> None:

@@ -7,7 +7,9 @@ client through STORAGE_EMULATOR_HOST, as on a VM it would reach Cloud Storage.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -23,7 +25,7 @@ from forja_sandbox.storage_emulator import StorageEmulator
 from trainer import runlib
 from trainer.checkpoint import CheckpointManager, atomic_save, footer_digest
 from trainer.config import ConfigError, validate
-from trainer.mirror import MARKER_SUFFIX, PARTIAL, CheckpointMirror, Marker
+from trainer.mirror import LOG_FILES, MARKER_SUFFIX, PARTIAL, CheckpointMirror, Marker
 from trainer.train import train
 
 storage = pytest.importorskip("google.cloud.storage")
@@ -285,3 +287,122 @@ def test_upload_fault_the_store_killed_mid_upload(tmp_path: Path, monkeypatch: p
         assert reader.sync_at_start(fresh) == fresh.path_for(last)
     finally:
         store.stop()
+
+
+# -- the run's logs beside its checkpoints: the history survives a new disk ---------------------------
+
+
+def signal_or_crash_at(step: int, crash: bool = False) -> Any:
+    """An on_step hook: a real SIGTERM to this process once ``step`` is done, or (crash) an exception."""
+
+    def hook(done: int) -> None:
+        if done == step and crash:
+            raise RuntimeError(f"crash after step {step}")
+        if done == step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return hook
+
+
+def bucket_logs(bucket: Any, prefix: str) -> dict[str, bytes]:
+    return {name.rsplit("/", 1)[1]: data for name, data in objects(bucket, prefix).items()}
+
+
+def run_logs(run: Path) -> dict[str, bytes]:
+    return {name: (run / name).read_bytes() for name in LOG_FILES}
+
+
+def losses(run: Path) -> list[tuple[int, float]]:
+    return [(r["step"], r["loss"]) for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
+
+
+def test_a_resume_on_a_new_disk_counts_the_lost_disks_sessions_as_the_kept_disk_does(
+    tmp_path: Path, bucket: Any
+) -> None:
+    """Preempted, then crashed, then resumed on a new disk (a zone move): the bucket's logs bring
+    back the sessions the lost disk saw, so the summary says what the same resume on the old disk says."""
+    url = f"gs://{bucket.name}/exp"
+    raw = tiny_digits(tmp_path, steps=30, checkpoint_every_steps=10, checkpoint_bucket=url)
+    run = tmp_path / "run"
+    first = train(validate(raw), on_step=signal_or_crash_at(12))  # saved at 13, preempted
+    assert first.status == "preempted"
+    # The preempted session's last uploads carry every line it wrote, its preempt event included.
+    assert bucket_logs(bucket, "exp/run/logs/") == run_logs(run)
+    assert [e["event"] for e in events(run, "preempt")] == ["preempt"]
+    with pytest.raises(RuntimeError, match="crash after step 24"):  # resumed at 13, saved at 20
+        train(validate(raw), on_step=signal_or_crash_at(24, crash=True))
+    assert bucket_logs(bucket, "exp/run/logs/") == run_logs(run)  # its fail event too
+
+    shutil.copytree(run, tmp_path / "kept")  # the same run resumed from the disk it ran on
+    shutil.rmtree(run)  # a new VM in another zone: a new boot disk, only the bucket knows the run
+    moved = train(validate(raw))
+    kept = train(validate({**raw, "checkpoint_bucket": None, "out_dir": str(tmp_path / "kept")}))
+
+    assert moved.status == kept.status == "completed"
+    assert moved.summary["resumed_from_step"] == kept.summary["resumed_from_step"] == 20
+    assert moved.summary["preemptions"] == kept.summary["preemptions"] == 2
+    assert moved.summary["lost_steps"] == kept.summary["lost_steps"] == 4  # steps 21-24, redone
+    assert losses(run) == losses(tmp_path / "kept")
+    assert [s for s, _ in losses(run)] == list(range(1, 31))
+    from_bucket = CheckpointManager(run / "checkpoints").load_latest()
+    from_disk = CheckpointManager(tmp_path / "kept" / "checkpoints").load_latest()
+    assert from_bucket is not None and from_disk is not None
+    for key in ("model", "optimizer", "scheduler", "rng"):
+        assert tensors_equal(from_bucket.state[key], from_disk.state[key]), key
+
+
+def test_local_logs_are_never_replaced_by_the_buckets(tmp_path: Path, bucket: Any) -> None:
+    url = f"gs://{bucket.name}/exp"
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "events.jsonl").write_text('{"event":"start"}\n{"event":"preempt"}\n{"event":"resu')
+    (old / "metrics.jsonl").write_text('{"step":1}\n')
+    writer = CheckpointMirror(url, "run", run_dir=old)
+    assert not writer.upload_logs()  # not before the start compared the folder with the bucket
+    assert writer.restore_logs() == [] and writer.upload_logs()
+    uploaded = bucket_logs(bucket, "exp/run/logs/")
+    assert uploaded["events.jsonl"] == b'{"event":"start"}\n{"event":"preempt"}\n'  # whole lines only
+
+    kept = tmp_path / "kept"  # a disk that kept one of the two: it is still this disk's history
+    kept.mkdir()
+    (kept / "metrics.jsonl").write_text('{"step":9}\n')
+    CheckpointMirror(url, "run", run_dir=kept).sync_at_start(CheckpointManager(kept / "checkpoints"))
+    assert [p.name for p in kept.iterdir()] == ["metrics.jsonl"]
+    assert (kept / "metrics.jsonl").read_text() == '{"step":9}\n'
+
+    fresh = tmp_path / "fresh"
+    CheckpointMirror(url, "run", run_dir=fresh).sync_at_start(CheckpointManager(fresh / "checkpoints"))
+    assert sorted(p.name for p in fresh.iterdir()) == sorted(LOG_FILES)  # no temporary file left
+    assert run_logs(fresh) == uploaded
+
+
+def test_a_runlib_script_resumed_on_a_new_disk_keeps_its_history(tmp_path: Path, bucket: Any) -> None:
+    url = f"gs://{bucket.name}/exp"
+
+    def session(stop_at: int | None = None, total: int = 6) -> runlib.Run:
+        with runlib.Run(
+            total_steps=total, run_dir=tmp_path / "run", checkpoint_bucket=url, render_plots=False
+        ) as run:
+            for step in range(run.start_step + 1, total + 1):
+                run.log(step, loss=1.0 / step)
+                if step == stop_at:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                stop = run.should_stop()
+                if stop or step % 2 == 0 or step == total:
+                    run.save({"model": {"w": torch.full((4,), float(step))}}, step)
+                if stop:
+                    break
+        return run
+
+    assert session(stop_at=3).status == "preempted"
+    assert bucket_logs(bucket, "exp/run/logs/") == run_logs(tmp_path / "run")
+    shutil.rmtree(tmp_path / "run")
+    assert session().status == "completed"
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (summary["resumed_from_step"], summary["preemptions"], summary["lost_steps"]) == (3, 1, 0)
+    shutil.rmtree(tmp_path / "run")  # moved again, then run longer: a finished session is no preemption
+    assert session(total=8).status == "completed"
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (summary["resumed_from_step"], summary["preemptions"], summary["lost_steps"]) == (6, 1, 0)
+    steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert steps == list(range(1, 9))

@@ -281,9 +281,17 @@ class Watcher:
         return next(iter(found.values()))
 
     def run_status(self, vm: InstanceState) -> str | None:
-        """The run's status from its host while the VM runs; otherwise what the history last knew."""
+        """The run's status from its host while the VM runs; otherwise what the history last knew.
+
+        A host that does not answer now (booting, busy, the network) is not a verdict: the next look
+        asks again (None: unknown)."""
         if vm.running:
-            for status in self.forja.status(self.state.run):
+            try:
+                states = self.forja.status(self.state.run)
+            except (errors.HostUnreachable, errors.PlaybookFailed) as exc:
+                self.say(f"the run's host did not answer ({exc.message.splitlines()[0][:120]}); asking again")
+                return None
+            for status in states:
                 if status.step is not None:
                     self.last_step = status.step
                 return status.status

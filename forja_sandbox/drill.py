@@ -89,6 +89,18 @@ def _until(what: str, check: Callable[[], Any], timeout_s: float, every_s: float
         time.sleep(every_s)
 
 
+def _status(forja: Forja, run: str) -> Any:
+    """The run's state on its host, asked again while the host is too busy to answer (it trains)."""
+
+    def attempt() -> Any:
+        try:
+            return forja.status(run)[0]
+        except ForjaError:
+            return None
+
+    return _until("the run's status", attempt, 300, every_s=2.0)
+
+
 def _cell(port: int, token: str, timeout_s: float = 300.0) -> str:
     """Run the cell through the tunnel as Colab does, as often as it takes the tunnel to come back."""
 
@@ -101,7 +113,7 @@ def _cell(port: int, token: str, timeout_s: float = 300.0) -> str:
     return str(_until("a Colab cell through the tunnel", attempt, timeout_s, every_s=2.0)).strip()
 
 
-def run_drill(forja: Forja, config: Path, *, run: str, fallback_zones: list[str], token_file: Path,
+def run_drill(forja: Forja, config: Path, *, run: str, host: str, fallback_zones: list[str], token_file: Path,
               bucket: str, bucket_prefix: str, port: int = 8888) -> DrillReport:
     """The whole drill (see the module's docstring); raises AssertionError when a step never happens."""
     said: list[str] = []
@@ -110,7 +122,8 @@ def run_drill(forja: Forja, config: Path, *, run: str, fallback_zones: list[str]
     recoveries: list[Recovery] = []
     stop_tunnel = threading.Event()
     tunnel = threading.Thread(target=forja.keep_tunnel, daemon=True,
-                              kwargs={"retry_s": 3.0, "say": tunnel_said.append, "stop": stop_tunnel})
+                              kwargs={"host": host, "retry_s": 3.0, "say": tunnel_said.append,
+                                      "stop": stop_tunnel})
     tunnel.start()
     token = token_file.read_text()
     cells.append(_cell(port, token))
@@ -132,7 +145,7 @@ def run_drill(forja: Forja, config: Path, *, run: str, fallback_zones: list[str]
         for kind in ("restart", "move"):
             _until("a verified checkpoint in the bucket", lambda: _bucket_markers(bucket, markers), 300)
             name, before = next(iter(forja.observe().items()))
-            (status,) = forja.status(run)
+            status = _status(forja, run)
             if kind == "move":  # the zone runs out: the watcher's start there fails
                 service.inject_fault(method="instances.start", error="ZONE_RESOURCE_POOL_EXHAUSTED",
                                      zone=before.zone, times=1)
@@ -159,7 +172,7 @@ def run_drill(forja: Forja, config: Path, *, run: str, fallback_zones: list[str]
         watcher.join(timeout=1800)
         if "error" in watched:
             raise watched["error"]
-        (final,) = forja.status(run)
+        final = _status(forja, run)
         events = [(e.kind, e.data) for e in forja.history.events(run)]
         return DrillReport(run, str(watched.get("outcome")), recoveries, events, final.summary or {}, cells,
                            said, tunnel_said)

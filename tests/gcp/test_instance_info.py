@@ -89,3 +89,46 @@ def test_observe_publishes_the_vm_through_the_data_contract(emulator, gcp_env, t
     vm = down["forja-l4"]
     assert vm.exists and vm.status == "TERMINATED" and vm.zone == "us-east1-d"
     assert vm.preempted_at and vm.preemptions == [vm.preempted_at]
+
+
+def _forja(tmp_path: Path, inventory: Path) -> Forja:
+    return Forja(tmp_path, inventory=inventory, private_data_dir=tmp_path / "runner",
+                 history=History(tmp_path / "history.sqlite"))
+
+
+def test_a_watcher_of_an_on_demand_vm_says_what_it_watches_and_leaves_a_vm_its_user_stopped(
+    emulator, gcp_env, tmp_path, monkeypatch
+):
+    """The watcher's whole loop (observe.yml through ansible-runner, the lock, the policy) with a VM
+    and no host: an on-demand VM stopped by its user is not brought back."""
+    monkeypatch.setenv("FORJA_HOME", str(tmp_path / "home"))
+    (tmp_path / "made").mkdir()
+    on_demand = {"forja.gpu.gcp_gpu_instance": {"name": "forja-l4", **role_vm(), "state": "stopped",
+                                                "create_if_missing": True}}
+    run_module_tasks(tmp_path / "made", dict(os.environ), [on_demand])
+    said: list[str] = []
+    forja = _forja(tmp_path, gcp_env)
+    why = forja.watch("digits-1", fallback_zones=["us-east1-b"], poll_s=0.1, say=said.append)
+    assert "stopped (TERMINATED) by its user" in why
+    assert any("on-demand, so Google does not preempt it" in line for line in said), said
+
+
+def test_a_watcher_whose_budget_is_spent_gives_up_saying_why_and_records_it(emulator, gcp_env, tmp_path,
+                                                                          monkeypatch):
+    from forja.managed import Budget, Tally, WatchError, start_state
+
+    monkeypatch.setenv("FORJA_HOME", str(tmp_path / "home"))
+    (tmp_path / "made").mkdir()
+    run_module_tasks(tmp_path / "made", dict(os.environ), [SPOT])
+    emulator.preempt(PROJECT, "us-east1-d", "forja-l4")
+    forja = _forja(tmp_path, gcp_env)
+    forja.history.start("digits-1", name="digits-1")
+    kept = start_state("digits-1", ["us-east1-d", "us-east1-b"])
+    kept.tally = Tally(recoveries=3)
+    kept.save()
+    with pytest.raises(WatchError, match=r"gave up on run digits-1: 3 recoveries made.*--max-recoveries 3"):
+        forja.watch("digits-1", fallback_zones=["us-east1-b"], budget=Budget(max_recoveries=3), poll_s=0.1,
+                    say=lambda line: None)
+    (gave_up,) = [e for e in forja.history.events("digits-1") if e.kind == "gave_up"]
+    assert "--max-recoveries 3" in gave_up.data["reason"]
+    assert emulator.instance(PROJECT, "us-east1-d", "forja-l4")["status"] == "TERMINATED"  # left as it is

@@ -42,6 +42,7 @@ from typing import IO, Any
 import playout
 import pytest
 import requests
+import torch
 import yaml
 from renamed_tree import renamed_copy
 
@@ -695,6 +696,63 @@ def test_a_second_run_of_the_example_project_installs_nothing(own_loop_run: OwnL
     changed = _changed(again)
     assert changed, "the run itself changes the host (its env file, its unit): the count is read"
     assert not [t for t in changed if "requirements" in t.lower() or BUILD_PROJECT_ENV in t], changed
+
+
+def _final_model(folder: Path) -> dict[str, Any]:
+    """The model tensors of the newest checkpoint fetched into `folder`."""
+    from trainer.checkpoint import load_checkpoint
+
+    newest = max(folder.rglob("ckpt-*.pt"), key=lambda p: int(re.findall(r"\d+", p.name)[0]))
+    return load_checkpoint(newest)["model"]
+
+
+def test_a_managed_spot_run_survives_a_preemption_and_a_stock_out_and_ends_bit_exact(
+    first_run: subprocess.CompletedProcess[str], tmp_path: Path,
+) -> None:
+    """`forja train --managed` with nobody at the keyboard (forja_sandbox/drill.py): preempted once,
+    the VM is started again in its zone; preempted again while that zone is out of capacity, the VM
+    is made again in the next zone and the run resumes there from the bucket. The Colab tunnel
+    keeps its port and token throughout. The result equals an uninterrupted run's, bit for bit."""
+    from forja_sandbox import drill
+
+    config = yaml.safe_load((ROOT / "trainer" / "configs" / "digits.yaml").read_text())
+    config.update(steps=12000, checkpoint_every_s=2, log_every_steps=100)
+    path = tmp_path / "managed.yaml"
+    path.write_text(yaml.safe_dump(config))
+    forja = Forja(tmp_path, INVENTORY, extravars={"gcp_instance_spot": True}, host_key_checking=False,
+                  history=History(tmp_path / "history.sqlite"), send_project=False)
+    forja.up()  # as a user starts the day: the VM may have been stopped by an earlier step
+    (name, vm), = forja.observe().items()
+    fallback = [z for z in ("us-east1-b", "us-central1-a", "us-east1-d") if z != vm.zone]
+    report = drill.run_drill(forja, path, run="managed", host=name, fallback_zones=fallback,
+                             token_file=TOKEN_FILE, bucket="forja-sandbox-checkpoints",
+                             bucket_prefix="checkpoints")
+    print("\n".join(report.said + report.tunnel_said))
+    assert report.outcome == "the run completed", report
+    first, second = report.recoveries
+    assert (first.kind, first.zone_after) == ("restart", first.zone_before)
+    assert second.kind == "move" and second.zone_after == fallback[0] != second.zone_before
+    kinds = [kind for kind, _ in report.events]
+    assert kinds.count("preempted") == 2 and {"restarted", "stockout", "zone_moved"} <= set(kinds), kinds
+    moved = next(data for kind, data in report.events if kind == "zone_moved")
+    assert (moved["from_zone"], moved["to_zone"]) == (second.zone_before, second.zone_after)
+    assert moved["seconds_down"] > 0
+    # Colab: the same local URL and the same token before and after both recoveries
+    assert report.cells == ["42", "42", "42"]
+    summary = report.summary
+    assert summary["steps"] == 12000 and summary["preemptions"] == 2, summary
+    per_interval = summary["samples_per_s"] / config["batch_size"] * config["checkpoint_every_s"]
+    assert summary["lost_steps"] <= 2 * (per_interval + config["log_every_steps"]), summary
+    (record,) = [r for r in forja.runs() if r.run_id == "managed"]
+    assert (record.status, record.preemptions) == ("completed", 2)
+
+    reference = forja.train(path, name="managed-ref", checkpoints=True)
+    assert reference.status == "completed"
+    forja.fetch("managed", tmp_path / "managed", checkpoints=True)
+    interrupted, unbroken = _final_model(tmp_path / "managed"), _final_model(reference.artifact_dir)
+    assert interrupted.keys() == unbroken.keys()
+    for key in interrupted:
+        assert torch.equal(interrupted[key], unbroken[key]), key  # bit-identical across a zone move
 
 
 def test_teardown_leaves_nothing_behind(first_run: subprocess.CompletedProcess[str]) -> None:

@@ -15,10 +15,12 @@ points the fact cache into each run's artifacts). Every runner argument is decid
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import queue
+import shutil
 import tempfile
 import threading
 import time
@@ -38,7 +40,7 @@ logging.getLogger("ansible-runner").addHandler(logging.NullHandler())
 
 #: The forja repository: playbooks/, roles/, plugins/ and ansible.cfg live here.
 REPO_ROOT = Path(os.environ.get("FORJA_ROOT") or Path(__file__).resolve().parents[1])
-#: Artifact folders kept per private data dir; older ones are deleted by ansible-runner.
+#: Finished artifact folders kept per private data dir; older ones are deleted (`rotate_artifacts`).
 KEEP_ARTIFACTS = 20
 
 EventT = TypeVar("EventT")
@@ -228,7 +230,10 @@ def _runner_kwargs(request: PlaybookRun, extravars_file: Path | None, ident: str
         "ident": ident,
         "envvars": envvars,
         "suppress_env_files": True,
-        "rotate_artifacts": KEEP_ARTIFACTS,
+        # Not ansible-runner's rotation: it deletes the oldest folders by age alone, so a long play
+        # (a configure) is deleted under its own feet while a watcher's short polls pile up beside
+        # it. rotate_artifacts() below spares every folder of a play still running.
+        "rotate_artifacts": 0,
         "quiet": True,
         "json_mode": False,
         "fact_cache_type": "",  # keep ansible.cfg's fact cache instead of a per-run one
@@ -299,7 +304,23 @@ def run(
     with _ExtravarsFile(request.extravars) as vars_file:
         kwargs = _runner_kwargs(request, vars_file, ident)
         runner = ansible_runner.run(event_handler=collector, cancel_callback=cancel_cb, **kwargs)
-    return _result(request, runner, collector, started)
+    result = _result(request, runner, collector, started)
+    rotate_artifacts(Path(kwargs["private_data_dir"]) / "artifacts", KEEP_ARTIFACTS)
+    return result
+
+
+def rotate_artifacts(folder: Path, keep: int) -> None:
+    """Delete all but the `keep` newest artifact folders of finished plays.
+
+    A play is finished once ansible-runner wrote its `status` file; a folder without one belongs to
+    a play still running (in this process or another) and is never touched.
+    """
+    finished = []
+    for path in folder.glob("*/status"):
+        with contextlib.suppress(OSError):
+            finished.append((path.stat().st_mtime, path.parent))
+    for _, stale in sorted(finished, reverse=True)[keep:]:
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 class Stream(Generic[EventT, ResultT]):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -94,6 +95,19 @@ def test_artifact_folders_are_rotated(tmp_path: Path, monkeypatch: pytest.Monkey
     for _ in range(2):
         runner.run(request(tmp_path))
     assert len([p for p in (tmp_path / "pdd" / "artifacts").iterdir() if p.is_dir()]) == 1
+
+
+def test_rotation_spares_the_folder_of_a_play_still_running(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long play (a watcher's configure) must not lose its folder to the short polls beside it."""
+    monkeypatch.setattr(runner, "KEEP_ARTIFACTS", 1)
+    running = tmp_path / "pdd" / "artifacts" / "20000101T000000-configure-000000"
+    running.mkdir(parents=True)
+    os.utime(running, (0, 0))  # the oldest of all, and no status file yet
+    for _ in range(2):
+        runner.run(request(tmp_path))
+    left = sorted(p.name for p in running.parent.iterdir() if p.is_dir())
+    assert len(left) == 2 and running.name in left
 
 
 def test_cancelling_stops_the_run_and_raises_cancelled(tmp_path: Path) -> None:

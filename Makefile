@@ -46,6 +46,7 @@ sandbox: setup
 sandbox-down: venv
 	$(PY) -m forja_sandbox.service ensure
 	ansible-playbook -i $(SANDBOX_INVENTORY) playbooks/teardown.yml -e forja_teardown_delete=true
+	$(PY) -m forja_sandbox.service destroy
 
 lint: venv
 	ruff check forja forja_sandbox trainer plugins tests bench

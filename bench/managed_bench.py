@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import yaml
@@ -53,7 +54,8 @@ def main() -> int:
         fallback = [z for z in sandbox["gcp_instance_fallback_zones"] + ["us-east1-d"] if z != zone]
         try:
             report = drill.run_drill(
-                forja, folder / "drill.yaml", run="managed-bench", host=args.name, fallback_zones=fallback,
+                forja, folder / "drill.yaml", run=f"managed-bench-{int(time.time())}", host=args.name,
+                fallback_zones=fallback,
                 token_file=Path.home() / ".config/forja/tokens" / f"{args.name}.jupyter-token",
                 bucket=bucket, bucket_prefix=prefix.rstrip("/"))
         finally:

@@ -413,7 +413,8 @@ class Watcher:
 
 
 def start_state(run: str, zones: Sequence[str], train: Mapping[str, Any] | None = None) -> WatchState:
-    """The state of a new watch, or the kept one of this run (its tally goes on)."""
+    """The state of a new watch: a run just sent (`train` given) starts a new tally; a watcher started
+    again on a run it watched before (`forja watch`, no `train`) goes on with the kept one."""
     if not zones:
         raise errors.ConfigError(
             "--zone", "name the zone the run's VM is in (and --fallback-zone for others)"
@@ -425,10 +426,8 @@ def start_state(run: str, zones: Sequence[str], train: Mapping[str, Any] | None 
             "run down with nowhere to go. Name at least one other zone that has the GPU (e.g. "
             "--fallback-zone us-east1-b --fallback-zone us-central1-a)",
         )
-    kept = WatchState.load(run)
+    kept = None if train else WatchState.load(run)
     if kept is not None:
         kept.zones = list(dict.fromkeys([*kept.zones[:1], *zones]))
-        if train:
-            kept.train = dict(train)
         return kept
     return WatchState(run=run, zones=list(dict.fromkeys(zones)), train=dict(train or {}))

@@ -176,6 +176,9 @@ def run_drill(forja: Forja, config: Path, *, run: str, host: str, fallback_zones
         events = [(e.kind, e.data) for e in forja.history.events(run)]
         return DrillReport(run, str(watched.get("outcome")), recoveries, events, final.summary or {}, cells,
                            said, tunnel_said)
+    except Exception as exc:  # say what the watcher and the tunnel saw up to the failure
+        seen = "\n".join(["watcher:", *said[-40:], "tunnel:", *tunnel_said[-20:]])
+        raise AssertionError(f"{exc}\n{seen}") from exc
     finally:
         stop_tunnel.set()
         tunnel.join(timeout=30)

@@ -14,6 +14,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -212,7 +213,7 @@ def stop_service() -> None:
 
 
 def destroy() -> None:
-    """Remove the whole sandbox: the emulator, every instance's host and the saved state."""
+    """Remove the whole sandbox: the emulator, every instance's host, the saved state and the buckets."""
     from forja_sandbox.backend import TestHostBackend
 
     stop_service()
@@ -220,6 +221,7 @@ def destroy() -> None:
     TestHostBackend(sp.bindings).remove_all()
     for f in (sp.state, sp.bindings, sp.info):
         f.unlink(missing_ok=True)
+    shutil.rmtree(sp.storage, ignore_errors=True)
 
 
 def describe() -> dict[str, object]:

@@ -111,6 +111,8 @@ def test_a_watcher_started_again_keeps_what_the_run_spent(tmp_path, monkeypatch)
     assert again.tally == state.tally and again.train == {"config": "digits.yaml"}
     assert again.zones == ["us-east1-d", "us-central1-a"]
     assert WatchState.load("digits-1") == state
+    # the same name sent again is a new run: a new tally
+    assert start_state("digits-1", ["us-east1-d", "us-east1-b"], {"config": "digits.yaml"}).tally == Tally()
 
 
 def test_a_second_watcher_of_a_run_refuses_naming_the_first(tmp_path, monkeypatch):

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from forja import errors
+from forja import format as fmt
 from forja.contract import InstanceState
 from forja.runner import forja_home
 
@@ -370,7 +371,9 @@ class Watcher:
         data.update(seconds_down=round(tally.down_s, 1), usd_down=round(tally.down_usd, 6))
         with contextlib.suppress(errors.ForjaError):  # a run sent by site.yml may not be recorded yet
             self.forja.history.record_event(self.state.run, kind, **data)
-        self.say(f"{kind.replace('_', ' ')}: " + ", ".join(f"{k} {v}" for k, v in data.items()))
+        shown = {**data, "seconds_down": fmt.duration(tally.down_s), "usd_down": fmt.money(tally.down_usd)}
+        self.say(f"{kind.replace('_', ' ')}: " + ", ".join(
+            f"{k.replace('_', ' ')} {v}" for k, v in shown.items() if v not in (None, "")))
 
     def _restart(self, vm: InstanceState, decision: Decision) -> None:
         zone = decision.zones[0]

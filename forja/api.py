@@ -404,6 +404,34 @@ class Forja:
         state = managed.start_state(name, [vm.zone, *fallback_zones], train)
         return managed.Watcher(self, state, budget, poll_s=poll_s, say=say).run()
 
+    def train_managed(
+        self,
+        config: str | Path | None = None,
+        *,
+        fallback_zones: Sequence[str],
+        budget: Any = None,
+        poll_s: float = 30.0,
+        say: Callable[[str], None] = print,
+        **train: Any,
+    ) -> str:
+        """`forja train --managed`: send a run (`train`'s keywords, never waiting), then `watch` it.
+
+        The budget and the zones are checked before anything is sent. Returns why watching ended.
+        """
+        from forja import managed
+
+        budget = budget or managed.Budget()
+        budget.check()
+        if not fallback_zones:
+            raise errors.ConfigError("--fallback-zone", "a managed run needs at least one zone to move to on "
+                                     "a stock-out (e.g. --fallback-zone us-east1-b)")
+        sent = {"config": str(config) if config else None, **train, "wait": False}
+        result = self.train(**sent)
+        say(f"run {result.run_id} started; watching it")
+        how = {k: v for k, v in sent.items() if k not in ("wait", "name", "cancel", "on_event")}
+        return self.watch(result.run_id, fallback_zones=fallback_zones, budget=budget, train=how,
+                          poll_s=poll_s, say=say)
+
     def observe(self, extravars: Mapping[str, Any] | None = None) -> dict[str, contract.InstanceState]:
         """The GPU VM as Compute Engine reports it, by name: status, zone, preemptions.
 

@@ -472,14 +472,13 @@ def train(
 ) -> None:
     args = list(ctx.meta.get("forja_script_args", []))
     if managed:
-        sent = {"config": str(config) if config else None, "script": str(script) if script else None,
-                "args": args, "project": str(project) if project else None, "excludes": exclude or [],
-                "procs": procs}
         with _errors(ctx, RUN_GOES_ON):
             budget = _budget(fallback_zone, max_recoveries, max_down, max_down_usd)  # before anything is sent
-            result = _forja(ctx).train(**{**sent, "name": name}, wait=False)
-            console.print(f"run {result.run_id} started; watching it", highlight=False)
-            _watch(ctx, result.run_id, fallback_zone or [], budget, poll, sent)
+            why = _forja(ctx).train_managed(
+                config, fallback_zones=fallback_zone or [], budget=budget, poll_s=poll, say=_say,
+                script=str(script) if script else None, args=args, project=str(project) if project else None,
+                name=name, excludes=exclude or [], procs=procs)
+            out.print(why)
         return
     _follow_command(
         ctx,
@@ -518,12 +517,9 @@ def _budget(fallback_zones: list[str] | None, recoveries: int, down: str, down_u
     return budget
 
 
-def _watch(ctx: typer.Context, name: str, fallback_zones: list[str], budget: Any, poll: float,
-           train: dict[str, Any] | None = None) -> None:
-    """Watch a run until it ends or a budget is spent (forja.managed)."""
-    why = _forja(ctx).watch(name, fallback_zones=fallback_zones, budget=budget, train=train, poll_s=poll,
-                            say=lambda line: console.print(line, soft_wrap=True, highlight=False))
-    out.print(f"run {name}: {why}")
+def _say(line: str) -> None:
+    """A watcher's line for people (stderr, as progress is)."""
+    console.print(line, soft_wrap=True, highlight=False)
 
 
 @verb(Forja.watch, on_interrupt=RUN_GOES_ON)
@@ -537,7 +533,8 @@ def watch(
     poll: Poll = 30.0,
 ) -> None:
     budget = _budget(fallback_zone, max_recoveries, max_down, max_down_usd)
-    _watch(ctx, name, fallback_zone or [], budget, poll)
+    why = _forja(ctx).watch(name, fallback_zones=fallback_zone or [], budget=budget, poll_s=poll, say=_say)
+    out.print(f"run {name}: {why}")
 
 
 @verb(Forja.follow, on_interrupt=RUN_GOES_ON, epilog=FOLLOWING)

@@ -123,7 +123,8 @@ def over_budget(tally: Tally, budget: Budget) -> str | None:
             f"{tally.recoveries} recoveries made, the most allowed (--max-recoveries {budget.max_recoveries})"
         )
     if tally.down_s >= budget.max_down_s:
-        return f"down {tally.down_s:.0f} s in all, the most allowed (--max-down {budget.max_down_s:.0f} s)"
+        return (f"down {fmt.duration(tally.down_s)} in all, the most allowed "
+                f"(--max-down {fmt.duration(budget.max_down_s)})")
     if budget.max_down_usd is not None and tally.down_usd >= budget.max_down_usd:
         return (
             f"${tally.down_usd:.2f} spent while down, the most allowed "
@@ -304,6 +305,10 @@ class Watcher:
     # -- the loop ----------------------------------------------------------------------------
     def run(self) -> str:
         """Watch until the run ends (returns why) or a budget is spent (raises WatchError)."""
+        spent = over_budget(self.state.tally, self.budget)
+        if spent:  # a watcher started again on a run that already spent its budget
+            raise WatchError(f"run {self.state.run} has spent its budget already: {spent}. Raise that limit "
+                             "to watch it again.")
         with watch_lock(self.state.run):
             self.say(
                 f"watching run {self.state.run} (zones {', '.join(self.state.zones)}; "
@@ -316,8 +321,8 @@ class Watcher:
                     "brings it back if it is stopped by a host error, and moves it if the VM is gone"
                 )
             while True:
+                self._account(vm)  # the outage so far counts in this decision
                 decision = decide(vm, self.run_status(vm), self.state.tally, self.budget, self.state.zones)
-                self._account(vm)
                 if decision.action == "done":
                     self.say(f"stopped watching: {decision.reason}")
                     return decision.reason

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -124,11 +125,35 @@ def test_a_watcher_whose_budget_is_spent_gives_up_saying_why_and_records_it(emul
     forja = _forja(tmp_path, gcp_env)
     forja.history.start("digits-1", name="digits-1")
     kept = start_state("digits-1", ["us-east1-d", "us-east1-b"])
-    kept.tally = Tally(recoveries=3)
+    kept.tally = Tally(down_s=3000.0, down_since=time.time() - 700)  # down for most of an hour already
     kept.save()
-    with pytest.raises(WatchError, match=r"gave up on run digits-1: 3 recoveries made.*--max-recoveries 3"):
-        forja.watch("digits-1", fallback_zones=["us-east1-b"], budget=Budget(max_recoveries=3), poll_s=0.1,
+    with pytest.raises(WatchError, match=r"gave up on run digits-1: down 1h 0\dm in all.*--max-down 1h 00m"):
+        forja.watch("digits-1", fallback_zones=["us-east1-b"], budget=Budget(max_down_s=3600), poll_s=0.1,
                     say=lambda line: None)
     (gave_up,) = [e for e in forja.history.events("digits-1") if e.kind == "gave_up"]
-    assert "--max-recoveries 3" in gave_up.data["reason"]
+    assert "--max-down 1h 00m" in gave_up.data["reason"] and gave_up.data["seconds_down"] > 3600
     assert emulator.instance(PROJECT, "us-east1-d", "forja-l4")["status"] == "TERMINATED"  # left as it is
+
+
+def test_a_run_that_spent_its_budget_is_refused_and_bad_managed_input_sends_nothing(
+    emulator, gcp_env, tmp_path, monkeypatch
+):
+    from forja import errors
+    from forja.managed import Budget, Tally, WatchError, start_state
+
+    monkeypatch.setenv("FORJA_HOME", str(tmp_path / "home"))
+    (tmp_path / "made").mkdir()
+    run_module_tasks(tmp_path / "made", dict(os.environ), [SPOT])
+    forja = _forja(tmp_path, gcp_env)
+    kept = start_state("digits-1", ["us-east1-d", "us-east1-b"])
+    kept.tally = Tally(down_usd=5.0)
+    kept.save()
+    with pytest.raises(WatchError, match=r"digits-1 has spent its budget already: \$5.00 spent while down"):
+        forja.watch("digits-1", fallback_zones=["us-east1-b"], budget=Budget(max_down_usd=5.0), say=print)
+    spent = Budget(max_down_usd=0.0)
+    for bad, field in (({"fallback_zones": []}, "--fallback-zone"),
+                       ({"fallback_zones": ["us-east1-b"], "budget": spent}, "--max-down-usd")):
+        with pytest.raises(errors.ConfigError) as caught:
+            forja.train_managed("trainer/configs/digits.yaml", **bad)
+        assert caught.value.field == field
+    assert forja.history.list() == []  # nothing was sent

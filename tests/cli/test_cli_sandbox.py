@@ -31,14 +31,16 @@ def _free_port() -> int:
 
 def _private_inventory(folder: Path, endpoint: dict[str, str]) -> tuple[Path, list[str]]:
     """inventory/sandbox with its fixed endpoint replaced by a private sandbox's: the gcp_gpu source
-    rewritten, the group variables shared (a link) and their endpoint overridden with -e."""
+    rewritten, the group variables shared (a link) and their endpoints (Compute, Cloud Storage)
+    overridden with -e."""
     folder.mkdir()
     source = yaml.safe_load((REPO / "inventory" / "sandbox" / "gcp_gpu.yml").read_text())
     source.update(api_url=endpoint["api_url"], credentials_file=endpoint["credentials_file"])
     (folder / "gcp_gpu.yml").write_text(yaml.safe_dump(source))
     (folder / "group_vars").symlink_to(REPO / "inventory" / "sandbox" / "group_vars")
     return folder, ["-e", f"gcp_instance_api_url={endpoint['api_url']}",
-                    "-e", f"gcp_instance_credentials_file={endpoint['credentials_file']}"]
+                    "-e", f"gcp_instance_credentials_file={endpoint['credentials_file']}",
+                    "-e", f"gcp_bucket_storage_emulator_host={endpoint['storage_url']}"]
 
 
 def test_sandbox_up_then_forja_up_then_sandbox_down(tmp_path: Path) -> None:

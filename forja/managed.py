@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from forja import errors
+from forja import errors, runstate
 from forja import format as fmt
 from forja.contract import InstanceState
 from forja.runner import forja_home
@@ -50,8 +50,15 @@ if TYPE_CHECKING:
 STOCKOUT_CODES = ("ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS")
 #: Statuses a VM passes through on its way up or down: wait and look again.
 SETTLING = ("PROVISIONING", "STAGING", "STOPPING", "SUSPENDING", "REPAIRING", "PENDING_STOP")
-#: Run statuses after which there is nothing left to watch.
-RUN_ENDED = ("completed", "failed", "cancelled")
+
+
+def run_ended(status: str | None) -> bool:
+    """Whether nothing is left to watch: a status the host contract calls final, except "preempted"
+    (what a watcher is for), or "cancelled" (forja's word for a run its user called off)."""
+    if status is None:
+        return False
+    return status == "cancelled" or status in runstate.final_statuses() - {"preempted"}
+
 
 Action = Literal["watch", "restart", "move", "done", "give_up"]
 
@@ -137,7 +144,7 @@ def decide(
     vm: InstanceState, run_status: str | None, tally: Tally, budget: Budget, zones: Sequence[str]
 ) -> Decision:
     """What to do about the VM and the run as observed now; the watcher's whole policy."""
-    if run_status in RUN_ENDED:
+    if run_ended(run_status):
         return Decision("done", f"the run {run_status}")
     if vm.running:
         return Decision("watch", "the VM runs")

@@ -728,6 +728,9 @@ def test_a_managed_spot_run_survives_a_preemption_and_a_stock_out_and_ends_bit_e
                              token_file=TOKEN_FILE, bucket="forja-sandbox-checkpoints",
                              bucket_prefix="checkpoints")
     print("\n".join(report.said + report.tunnel_said))
+    for r in report.recoveries:  # the measures bench/managed_bench.py tabulates
+        print(f"recovery {r.kind}: {r.zone_before} -> {r.zone_after}, "
+              f"resumed after {r.seconds_to_resumed:.0f} s")
     assert report.outcome == "the run completed", report
     first, second = report.recoveries
     assert (first.kind, first.zone_after) == ("restart", first.zone_before)

@@ -92,13 +92,19 @@ def _until(what: str, check: Callable[[], Any], timeout_s: float, every_s: float
 def _status(forja: Forja, run: str) -> Any:
     """The run's state on its host, asked again while the host is too busy to answer (it trains)."""
 
+    last: list[str] = []
+
     def attempt() -> Any:
         try:
             return forja.status(run)[0]
-        except ForjaError:
+        except ForjaError as exc:
+            last[:] = [exc.message.splitlines()[0][:300]]
             return None
 
-    return _until("the run's status", attempt, 300, every_s=2.0)
+    try:
+        return _until("the run's status", attempt, 300, every_s=2.0)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the last answer: {last[0] if last else 'none'}") from None
 
 
 def _cell(port: int, token: str, timeout_s: float = 300.0) -> str:

@@ -393,6 +393,7 @@ class Forja:
         """
         from forja import managed
 
+        budget = managed.checked_request(fallback_zones, budget)
         found = self.observe()
         if len(found) != 1:
             raise errors.ConfigError("gcp_instance_name",
@@ -420,11 +421,7 @@ class Forja:
         """
         from forja import managed
 
-        budget = budget or managed.Budget()
-        budget.check()
-        if not fallback_zones:
-            raise errors.ConfigError("--fallback-zone", "a managed run needs at least one zone to move to on "
-                                     "a stock-out (e.g. --fallback-zone us-east1-b)")
+        budget = managed.checked_request(fallback_zones, budget)
         sent = {"config": str(config) if config else None, **train, "wait": False}
         result = self.train(**sent)
         say(f"run {result.run_id} started; watching it")

@@ -42,7 +42,7 @@ from typer.core import TyperCommand
 
 from forja import format as fmt
 from forja.api import Forja
-from forja.errors import ConfigError, ExitCode, ForjaError
+from forja.errors import ExitCode, ForjaError
 from trainer.summary import HEADLINE
 
 EXIT_CODES_HELP = (
@@ -473,7 +473,7 @@ def train(
     args = list(ctx.meta.get("forja_script_args", []))
     if managed:
         with _errors(ctx, RUN_GOES_ON):
-            budget = _budget(fallback_zone, max_recoveries, max_down, max_down_usd)  # before anything is sent
+            budget = _budget(max_recoveries, max_down, max_down_usd)
             why = _forja(ctx).train_managed(
                 config, fallback_zones=fallback_zone or [], budget=budget, poll_s=poll, say=_say,
                 script=str(script) if script else None, args=args, project=str(project) if project else None,
@@ -505,16 +505,11 @@ MaxDownUsd = Annotated[
 Poll = Annotated[float, typer.Option("--poll", help="Seconds between looks at the VM.")]
 
 
-def _budget(fallback_zones: list[str] | None, recoveries: int, down: str, down_usd: float | None) -> Any:
-    """The watcher's budget from the options, checked (with the zones) before anything runs."""
+def _budget(recoveries: int, down: str, down_usd: float | None) -> Any:
+    """The watcher's budget from the options (the API checks it, with the zones, before anything runs)."""
     from forja import managed
 
-    budget = managed.Budget(recoveries, managed.seconds(down, "--max-down"), down_usd)
-    budget.check()
-    if not fallback_zones:
-        raise ConfigError("--fallback-zone", "a managed run needs at least one zone to move to on a "
-                          "stock-out (e.g. --fallback-zone us-east1-b)")
-    return budget
+    return managed.Budget(recoveries, managed.seconds(down, "--max-down"), down_usd)
 
 
 def _say(line: str) -> None:
@@ -532,7 +527,7 @@ def watch(
     max_down_usd: MaxDownUsd = None,
     poll: Poll = 30.0,
 ) -> None:
-    budget = _budget(fallback_zone, max_recoveries, max_down, max_down_usd)
+    budget = _budget(max_recoveries, max_down, max_down_usd)
     why = _forja(ctx).watch(name, fallback_zones=fallback_zone or [], budget=budget, poll_s=poll, say=_say)
     out.print(f"run {name}: {why}")
 

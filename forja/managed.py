@@ -427,6 +427,17 @@ class Watcher:
         self.forja.train(**{**self.state.train, "name": self.state.run, "wait": False})
 
 
+def checked_request(fallback_zones: Sequence[str], budget: Budget | None) -> Budget:
+    """The budget of a managed run (the default one when None), refused with the option to fix
+    before anything runs: a budget spent before it starts, or no zone to move to."""
+    budget = budget or Budget()
+    budget.check()
+    if not fallback_zones:
+        raise errors.ConfigError("--fallback-zone", "a managed run needs at least one zone to move to on a "
+                                 "stock-out (e.g. --fallback-zone us-east1-b)")
+    return budget
+
+
 def start_state(run: str, zones: Sequence[str], train: Mapping[str, Any] | None = None) -> WatchState:
     """The state of a new watch: a run just sent (`train` given) starts a new tally; a watcher started
     again on a run it watched before (`forja watch`, no `train`) goes on with the kept one."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import glob
+import hashlib
 import io
 import json
 import os
@@ -65,6 +66,14 @@ options:
       - With I(simulate_upgrade), the CUDA X.Y the pins must hold (for example C(12.8)).
       - Any CUDA meta package moved outside it, or any other versioned toolkit installed, is a violation.
     type: str
+  simulation_cache:
+    description:
+      - With I(simulate_upgrade), a host file keeping the last simulation with a digest of everything
+        apt's answer depends on - the dpkg status, the package lists and C(/etc/apt) (each file's path,
+        size, change time and inode). The simulation runs again whenever any of them differs, so drift
+        is still seen; an unchanged host skips the 0.5-1 s simulation. Empty disables the cache.
+    type: str
+    default: /var/cache/forja/apt-simulation.json
   held_kernel:
     description: With I(simulate_upgrade), also count any kernel image, module or header move as a violation.
     type: bool
@@ -173,6 +182,10 @@ upgrade_moves:
   elements: dict
   sample: [{"action": "Inst", "name": "nvidia-driver-570", "from": "570.172.08-0ubuntu1",
             "to": "580.95.05-0ubuntu1"}]
+upgrade_simulation_cached:
+  description: Whether I(upgrade_moves) came from O(simulation_cache) (apt's inputs unchanged since).
+  returned: when simulate_upgrade
+  type: bool
 pin_violations:
   description: The I(upgrade_moves) that would leave the pinned branch, CUDA release or held kernel.
   returned: when simulate_upgrade
@@ -188,6 +201,10 @@ DISPLAY_CLASS_PREFIX = "0x03"
 NVML_NAME = re.compile(r"libnvidia-ml\.so\.(\d+\.\d+(?:\.\d+)?)$")
 PROC_VERSION = re.compile(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)\s")
 APT_ACTION = re.compile(r"^(Inst|Remv|Purg) (\S+)(?: \[([^\]]+)\])?(?: \((\S+))?")
+#: What `apt-get -s dist-upgrade` reads: its answer is a function of these files (and apt's own version,
+#: which is in the dpkg status).
+APT_INPUTS = ("/var/lib/dpkg/status", "/var/lib/apt/extended_states", "/var/lib/apt/lists", "/etc/apt")
+SIMULATION_CACHE_VERSION = 1
 LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib")
 
 
@@ -296,6 +313,76 @@ def pin_violations(moves: list[dict], branch: str | None, cuda: str | None, held
         elif held_kernel and KERNEL_FAMILY.match(name):
             bad.append(move)
     return bad
+
+
+def apt_inputs_digest(paths: tuple[str, ...] = APT_INPUTS) -> str:
+    """A digest of every file apt's simulation reads: path, size, change time (ns) and inode.
+
+    Why ctime and the inode: a file rewritten in place or replaced by rename changes one of them even
+    when a tool restores its modification time. Stat-ing the few hundred files takes milliseconds.
+    """
+    digest = hashlib.sha256()
+    for root in paths:
+        if os.path.isdir(root):
+            files = []
+            for folder, dirs, names in os.walk(root):
+                dirs.sort()
+                files.extend(os.path.join(folder, name) for name in sorted(names))
+        else:
+            files = [root]
+        for path in files:
+            try:
+                st = os.lstat(path)
+            except OSError:
+                digest.update(f"{path}\0missing\n".encode())
+                continue
+            digest.update(f"{path}\0{st.st_size}\0{st.st_ctime_ns}\0{st.st_mtime_ns}\0{st.st_ino}\n".encode())
+    return digest.hexdigest()
+
+
+def read_simulation_cache(path: str, digest: str) -> list[dict] | None:
+    """The cached moves when the cache was made from the same apt inputs, else None."""
+    try:
+        with open(path) as fh:
+            cached = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(cached, dict) or cached.get("version") != SIMULATION_CACHE_VERSION:
+        return None
+    if cached.get("digest") != digest or not isinstance(cached.get("moves"), list):
+        return None
+    return cached["moves"]
+
+
+def write_simulation_cache(path: str, digest: str, moves: list[dict]) -> None:
+    """Keep the moves with the digest they belong to (atomic rename; a failure only costs the next run)."""
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as fh:
+            json.dump({"version": SIMULATION_CACHE_VERSION, "digest": digest, "moves": moves}, fh)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def simulate_upgrade(module: AnsibleModule, cache: str) -> tuple[list[dict], bool]:
+    """The moves of `apt-get -s dist-upgrade`, from the cache when apt's inputs are unchanged."""
+    digest = apt_inputs_digest() if cache else ""
+    if cache:
+        moves = read_simulation_cache(cache, digest)
+        if moves is not None:
+            return moves, True
+    rc, out, err = module.run_command(["apt-get", "-s", "-o", "Debug::NoLocking=1", "dist-upgrade"],
+                                      environ_update={"LC_ALL": "C"})
+    if rc != 0:
+        module.fail_json(msg=f"apt-get -s dist-upgrade failed: {err.strip()}")
+    moves = parse_apt_simulation(out)
+    # Not in check mode (it writes nothing then), nor when apt's inputs moved while it ran.
+    if cache and not module.check_mode and apt_inputs_digest() == digest:
+        write_simulation_cache(cache, digest, moves)
+    return moves, False
 
 
 def parse_dpkg_list(text: str, pattern: str) -> dict:
@@ -410,6 +497,7 @@ def main() -> None:
             "pinned_branch": {"type": "str"},
             "pinned_cuda": {"type": "str"},
             "held_kernel": {"type": "bool", "default": False},
+            "simulation_cache": {"type": "str", "default": "/var/cache/forja/apt-simulation.json"},
         },
         supports_check_mode=True,
     )
@@ -432,7 +520,7 @@ def main() -> None:
         rc, out, _ = module.run_command(["dpkg-query", "-S", nvml_path])
         if rc == 0 and out:
             driver_package = out.split(":", 1)[0].strip()
-    rc, out, err = module.run_command(["dpkg-query", "-W",
+    rc, out, _ = module.run_command(["dpkg-query", "-W",
                                        "-f=${Package}\t${Version}\t${db:Status-Abbrev}\n"])
     packages = parse_dpkg_list(out, params["package_pattern"]) if rc == 0 else {}
     dlvm = any(os.path.exists(p) for p in params["dlvm_markers"])
@@ -455,11 +543,8 @@ def main() -> None:
         "kernel": os.uname().release,
     }
     if params["simulate_upgrade"]:
-        rc, out, err = module.run_command(["apt-get", "-s", "-o", "Debug::NoLocking=1", "dist-upgrade"],
-                                          environ_update={"LC_ALL": "C"})
-        if rc != 0:
-            module.fail_json(msg=f"apt-get -s dist-upgrade failed: {err.strip()}", **result)
-        result["upgrade_moves"] = parse_apt_simulation(out)
+        result["upgrade_moves"], result["upgrade_simulation_cached"] = simulate_upgrade(
+            module, params["simulation_cache"])
         result["pin_violations"] = pin_violations(result["upgrade_moves"], params["pinned_branch"],
                                                   params["pinned_cuda"], params["held_kernel"])
     module.exit_json(**result)

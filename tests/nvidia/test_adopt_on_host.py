@@ -119,3 +119,34 @@ def test_a_driver_of_another_branch_is_refused_and_nothing_changes(host, tmp_pat
     assert proc.returncode != 0 and facts == {}
     assert re.search(r'Set nvidia_stack_driver_branch: \\?"580\\?"', proc.stdout), proc.stdout[-3000:]
     assert ssh(host, APT_STATE) == before
+
+
+def simulate(host: testhosts.Host, tmp_path: Path) -> dict:
+    """One nvidia_facts call with the upgrade simulation, as the role makes it; its result."""
+    inventory = tmp_path / "hosts"
+    inventory.write_text(
+        f"th{INDEX} ansible_host={host.address} ansible_user={host.user} "
+        f"ansible_ssh_private_key_file={host.key} "
+        "ansible_ssh_common_args='-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null'\n")
+    proc = subprocess.run([str(Path(sys.executable).with_name("ansible")), "-i", str(inventory), "all", "-b",
+                           "-m", "forja.gpu.nvidia_facts", "-a", "simulate_upgrade=true pinned_branch=570",
+                           "-o"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg")), check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    return json.loads(proc.stdout.split("=>", 1)[1])
+
+
+def test_the_upgrade_simulation_is_reused_only_while_apt_inputs_are_unchanged(host, tmp_path):
+    first = simulate(host, tmp_path)
+    again = simulate(host, tmp_path)
+    assert again["upgrade_simulation_cached"] is True
+    assert again["upgrade_moves"] == first["upgrade_moves"]
+    # Drift in anything apt reads (here a new apt.conf snippet; a pin file or the dpkg status alike)
+    # makes the next call simulate again.
+    ssh(host, "echo 'APT::Get::Show-Versions \"true\";' > /etc/apt/apt.conf.d/99forja-test")
+    try:
+        assert simulate(host, tmp_path)["upgrade_simulation_cached"] is False
+        assert simulate(host, tmp_path)["upgrade_simulation_cached"] is True
+    finally:
+        ssh(host, "rm -f /etc/apt/apt.conf.d/99forja-test")
+    assert simulate(host, tmp_path)["upgrade_simulation_cached"] is False

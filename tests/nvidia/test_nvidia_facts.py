@@ -243,3 +243,27 @@ def test_nvidia_smi_is_the_authority_on_the_driver_version(smi, module, nvml, ex
 ])
 def test_the_source_says_who_installed_the_driver(version, package, dlvm, source):
     assert nvidia_facts.classify_source(version, package, dlvm) == source
+
+
+def test_the_apt_inputs_digest_moves_with_any_file_apt_reads(tmp_path):
+    status, etc = tmp_path / "status", tmp_path / "etc"
+    status.write_text("Package: a\n")
+    (etc / "preferences.d").mkdir(parents=True)
+    paths = (str(status), str(etc))
+    first = nvidia_facts.apt_inputs_digest(paths)
+    assert nvidia_facts.apt_inputs_digest(paths) == first
+    (etc / "preferences.d" / "pin.pref").write_text("Package: x\n")
+    second = nvidia_facts.apt_inputs_digest(paths)
+    assert second != first
+    status.write_text("Package: b\n")  # same size, rewritten
+    assert nvidia_facts.apt_inputs_digest(paths) != second
+
+
+def test_a_simulation_cache_is_read_only_for_its_own_digest(tmp_path):
+    cache = str(tmp_path / "cache" / "sim.json")
+    assert nvidia_facts.read_simulation_cache(cache, "d1") is None
+    nvidia_facts.write_simulation_cache(cache, "d1", [{"action": "Inst", "name": "x"}])
+    assert nvidia_facts.read_simulation_cache(cache, "d1") == [{"action": "Inst", "name": "x"}]
+    assert nvidia_facts.read_simulation_cache(cache, "d2") is None
+    Path(cache).write_text("{not json")
+    assert nvidia_facts.read_simulation_cache(cache, "d1") is None

@@ -1,4 +1,4 @@
-"""Command line: ``python -m trainer {train,find-batch,estimate,benchmark,report}``.
+"""Command line: ``python -m trainer {train,find-batch,estimate,benchmark,report,export}``.
 
 Exit codes are the contract with systemd (the trainer_run role), defined once in
 :mod:`trainer.exit_codes`: 0 completed, 3 stopped by SIGTERM after a clean checkpoint (restart to
@@ -52,6 +52,14 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="print JSON instead of a table")
     report = sub.add_parser("report", help="Render plots/*.png and summary.json for a run folder.")
     report.add_argument("--run", required=True, help="the run folder (out_dir)")
+    export = sub.add_parser(
+        "export", help="Write RUN/model/ (safetensors + model.json) from the newest verified checkpoint."
+    )
+    export.add_argument("run", help="the run folder (out_dir)")
+    export.add_argument("--out", help="the model folder to write (default: RUN/model)")
+    export.add_argument(
+        "--bucket", help="also upload to gs://BUCKET/PREFIX/<run>/model/ (default: $FORJA_CHECKPOINT_BUCKET)"
+    )
     return parser
 
 
@@ -79,6 +87,8 @@ def _run(args: argparse.Namespace) -> int:
         summary = render(args.run)
         print(json.dumps(summary, indent=2, default=str))
         return COMPLETED
+    if args.command == "export":
+        return _export(args)
     if args.command == "benchmark":
         from trainer.benchmark import format_table, run_benchmark
 
@@ -132,6 +142,27 @@ def _run(args: argparse.Namespace) -> int:
         _print(report, args.json, format_estimate(report))
         return COMPLETED
     raise AssertionError(args.command)
+
+
+def _export(args: argparse.Namespace) -> int:
+    """``export RUN``: the newest verified checkpoint as RUN/model/, then to the bucket when one is set."""
+    from pathlib import Path
+
+    from trainer.exit_codes import BAD_CONFIG
+    from trainer.export import ExportError, export_run, upload_model
+    from trainer.mirror import bucket_url
+
+    try:
+        exported = export_run(args.run, args.out)
+    except ExportError as exc:  # a missing run, no checkpoint: the user's to fix, exit 2
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return BAD_CONFIG
+    result = {"folder": str(exported.folder), **exported.info}
+    url = bucket_url(args.bucket)
+    if url is not None:
+        result["bucket"] = upload_model(exported.folder, url, exported.info["run"] or Path(args.run).name)
+    print(json.dumps(result, indent=2), flush=True)
+    return COMPLETED
 
 
 def main(argv: list[str] | None = None) -> int:

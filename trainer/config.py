@@ -161,6 +161,9 @@ class TrainConfig(BaseModel):
     log_every_steps: int = Field(10, gt=0, description="Metrics line and progress every N steps.")
     price_per_hour: float = Field(0.0, ge=0.0, description="USD per hour of this machine, for cost.")
     render_plots: bool = Field(True, description="Render plots/*.png when train ends (report does it too).")
+    export_model: bool = Field(
+        True, description="A completed run writes model/ (safetensors + model.json), also to the bucket."
+    )
     ddp_timeout_s: float = Field(600.0, gt=0.0, description="Process-group timeout: a lost peer fails.")
 
     @field_validator("model", "data", "loss", "collate")

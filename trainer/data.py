@@ -159,6 +159,18 @@ def make_loader(
     from trainer.seeding import WorkerSeeded
 
     generator = torch.Generator()
+    if isinstance(dataset, StepSource):  # shards that start at any step: one window of steps per item
+        assert isinstance(sampler, StreamPosition)
+        windows = WindowSteps(dataset, sampler, collate_fn)
+        loader = DataLoader(
+            windows,
+            batch_size=None,
+            num_workers=num_workers,
+            pin_memory=pin_memory,
+            generator=generator,
+            prefetch_factor=1 if num_workers else None,  # one window ahead per worker: bounded memory
+        )
+        return loader, generator
     if isinstance(sampler, StreamPosition):  # a stream: whole steps per item, no sampler (StreamSteps)
         steps = StreamSteps(dataset, sampler, collate_fn or default_collate)
         loader = DataLoader(
@@ -187,6 +199,12 @@ def epoch_iterator(
     loader: DataLoader, generator: torch.Generator, seed: int, epoch: int, start_step: int
 ) -> Iterator[Any]:
     """An iterator over the rest of ``epoch`` from ``start_step``; draws nothing from the global RNG."""
+    if isinstance(loader.dataset, WindowSteps):  # windows -> steps -> micro-batches
+        windows = loader.dataset
+        windows.position.set_position(epoch, start_step)
+        windows.source.prepare_epoch(windows.position)
+        generator.manual_seed(epoch_seed(seed, epoch) ^ 0x5EED)
+        return itertools.chain.from_iterable(itertools.chain.from_iterable(loader))
     if isinstance(loader.dataset, StreamSteps):  # a stream: flatten its steps into micro-batches
         loader.dataset.position.set_position(epoch, start_step)
         generator.manual_seed(epoch_seed(seed, epoch) ^ 0x5EED)
@@ -234,6 +252,10 @@ class StreamPosition:
 
 def make_position(dataset: Any, plan: BatchPlan, rank: int, seed: int) -> ResumableSampler | StreamPosition:
     """The resumable position in ``dataset``: a sampler for a sized one, a stream position otherwise."""
+    if isinstance(dataset, StepSource):  # a stream whose steps per epoch are known in advance
+        position = StreamPosition(plan, rank, seed)
+        position.steps_per_epoch = dataset.steps_per_epoch(plan)
+        return position
     if is_stream(dataset):
         return StreamPosition(plan, rank, seed)
     return ResumableSampler(len(dataset), plan, rank, seed)
@@ -305,6 +327,51 @@ class StreamSteps(IterableDataset):
                 first = (m * plan.world_size + pos.rank) * plan.micro_batch
                 micro.append(self.collate(chunk[first : first + plan.micro_batch]))
             yield micro
+
+
+class StepSource(IterableDataset):
+    """A stream that can start at any step without reading what comes before it (trainer.shards).
+
+    Unlike a plain stream (:class:`StreamSteps`, which re-reads and skips the steps already trained
+    on), it knows its steps per epoch in advance from metadata, and it cuts each rank's share of an
+    epoch into *windows* of whole steps: a worker reads only its own windows (no sample read twice),
+    and the order of steps depends on (seed, epoch, world size) alone, never on the number of
+    DataLoader workers. Iterating it directly yields plain samples in stored order (find-batch,
+    estimate, evaluation).
+    """
+
+    def steps_per_epoch(self, plan: BatchPlan) -> int:
+        """Optimizer steps in every epoch, the same on every rank."""
+        raise NotImplementedError
+
+    def prepare_epoch(self, position: StreamPosition) -> None:
+        """Called in the main process before the workers start reading from ``position``."""
+
+    def windows(
+        self,
+        position: StreamPosition,
+        worker: int,
+        workers: int,
+        collate: Callable[[list[Any]], Any] | None,
+    ) -> Iterator[list[list[Any]]]:
+        """This worker's windows from ``position``, in order: each a list of steps, each step a list of
+        ``accum_steps`` micro-batches. Window ``i`` (counted from the position) belongs to worker
+        ``i % workers``, so the DataLoader's round-robin hands them back in order."""
+        raise NotImplementedError
+
+
+class WindowSteps(IterableDataset):
+    """What a DataLoader iterates for a :class:`StepSource`: this worker's windows from the position."""
+
+    def __init__(
+        self, source: StepSource, position: StreamPosition, collate: Callable[[list[Any]], Any] | None
+    ) -> None:
+        self.source, self.position, self.collate = source, position, collate
+
+    def __iter__(self) -> Iterator[list[list[Any]]]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        return self.source.windows(self.position, worker, workers, self.collate)
 
 
 def take_samples(dataset: Any, count: int) -> list[Any]:

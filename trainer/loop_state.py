@@ -23,6 +23,7 @@ from trainer import metrics
 from trainer.checkpoint import CheckpointManager
 from trainer.config import TrainConfig
 from trainer.data import BatchPlan, ResumableSampler, StreamPosition
+from trainer.live import LiveMetrics
 from trainer.mirror import CheckpointMirror
 from trainer.optim import Schedule
 from trainer.precision import Amp
@@ -90,6 +91,7 @@ class Parts:
     metric_log: metrics.JsonLines | None  # rank 0 only
     gpu: metrics.GpuProbe
     mirror: CheckpointMirror | None = None  # rank 0 with a checkpoint bucket: uploads in the background
+    live: LiveMetrics | None = None  # rank 0 with a metrics port: the Prometheus endpoint (trainer.live)
 
     @property
     def config(self) -> TrainConfig:

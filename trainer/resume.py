@@ -46,6 +46,7 @@ SAFE_KEYS: dict[str, str] = {
     "log_every_steps": "",
     "price_per_hour": "",
     "render_plots": "",
+    "export_model": "",
     "ddp_timeout_s": "",
     "allow_fresh_start": "",
     "allow_config_change": "",

@@ -21,7 +21,7 @@ from torch import nn
 from trainer import distributed, precision
 from trainer.batches import Objective
 from trainer.config import ConfigError, TrainConfig
-from trainer.data import choose_workers, is_stream
+from trainer.data import StepSource, choose_workers, is_stream
 from trainer.errors import user_code
 from trainer.imports import build, check_arguments, load_callable
 
@@ -91,7 +91,7 @@ def load_data(config: TrainConfig) -> tuple[Any, Any]:
         )
     train, held = out
     if is_stream(train):
-        if config.epochs is not None:
+        if config.epochs is not None and not isinstance(train, StepSource):  # shards know their length
             raise ConfigError(
                 [f"epochs: {config.data} returned an iterable dataset, whose length is unknown (set steps)"]
             )

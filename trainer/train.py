@@ -30,7 +30,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import trainer
-from trainer import distributed, exit_codes, metrics
+from trainer import distributed, exit_codes, live, metrics
 from trainer import resume as resume_rules
 from trainer.batch_finder import BatchResult, find_batch, free_memory, is_oom, model_fingerprint
 from trainer.batches import correct_count, to_device
@@ -49,6 +49,7 @@ from trainer.data import (
     sized_len,
 )
 from trainer.errors import UserCodeError
+from trainer.export import export_at_end
 from trainer.hardware import peak_flops
 from trainer.loop_state import Feed, LoopState, Net, Parts, Saved, Start
 from trainer.mirror import PREEMPTED_UPLOAD_WAIT_S, CheckpointMirror, MirrorUnavailable, bucket_url
@@ -90,14 +91,19 @@ def stop_check(world: distributed.World, request: StopRequest) -> Callable[[], b
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, rt: Runtime, batch_size: int, should_stop: Callable[[], bool] | None = None
+    model: nn.Module,
+    rt: Runtime,
+    batch_size: int,
+    should_stop: Callable[[], bool] | None = None,
+    progress: Callable[[], None] | None = None,
 ) -> dict[str, float] | None:
     """Mean loss and (for class logits) accuracy on the eval set, sharded over ranks then summed.
 
     Returns None when ``should_stop`` says so before a batch: a SIGTERM during a long evaluation
     must not eat Spot's 30 s notice (measured before: 4.25 s with 100k samples), so the evaluation is
     abandoned and the run saves at once. Every rank checks at the same batch count (the most any
-    rank has), so under DDP they all abandon together.
+    rank has), so under DDP they all abandon together. ``progress`` is called after each batch: a
+    long evaluation is progress, not a stall (trainer.live).
     """
     data, world = rt.eval_data, rt.world
     length = None if data is None else sized_len(data)
@@ -129,6 +135,8 @@ def evaluate(
             classify = False
         else:
             correct += float(hits)
+        if progress is not None:
+            progress()
     model.train()
     loss_sum, correct, count = distributed.sum_over_ranks(world, [loss_sum, correct, count])
     result = {"eval_loss": loss_sum / max(count, 1.0)}
@@ -262,9 +270,10 @@ def train(
     out = Path(os.path.expanduser(str(out_dir if out_dir is not None else config.out_dir))).resolve()
     rt = prepare(config)
     mirror = make_mirror(rt, out)
+    endpoint = live.start(out, os.environ.get("FORJA_RUN") or out.name, rt.world.is_main)
     ended_well = False
     try:
-        result = _train(rt, out, on_step, started, mirror)
+        result = _train(rt, out, on_step, started, mirror, endpoint)
         ended_well = True
         return result
     except Exception as exc:
@@ -275,6 +284,8 @@ def train(
     finally:
         if mirror is not None:  # a failed run's newest checkpoint matters as much (bounded wait)
             mirror.close(config.checkpoint_upload_wait_s)
+        if endpoint is not None:
+            endpoint.close()
         distributed.teardown(rt.world if ended_well else None)
 
 
@@ -319,6 +330,7 @@ def _train(
     on_step: Callable[[int], None] | None,
     started: float,
     mirror: CheckpointMirror | None = None,
+    endpoint: live.LiveMetrics | None = None,
 ) -> RunResult:
     """One session: set up, resume, loop, summarise. Each part of a step is a function below this one."""
     config, world = rt.config, rt.world
@@ -364,6 +376,7 @@ def _train(
         metric_log=metric_log,
         gpu=metrics.GpuProbe(world.device),
         mirror=mirror,
+        live=endpoint,
     )
     s = LoopState(
         feed=feed,
@@ -375,6 +388,10 @@ def _train(
         oom_fallbacks=oom_fallbacks,
     )
     announce(p, s, found, saved, start, lost_steps, oom_restart)
+    if endpoint is not None:
+        endpoint.track(total_steps, lambda: metrics.cost_usd(s.clock.total_s(), config.price_per_hour))
+        endpoint.progress(s.step)
+        endpoint.set_phase("train")
 
     # -- the loop: micro-batches, optimizer step, agree on stop/save, log, evaluate, checkpoint
     metrics.cpu_utilisation()
@@ -394,6 +411,8 @@ def _train(
                 continue
             lr = optimizer_step(p, s)
             epoch_end = advance(p, s)
+            if p.live is not None:
+                p.live.progress(s.step)
             stop, timer_due, epoch_due = agree_on_stop_and_saves(p, s, stop_request, epoch_end)
             last_step = s.step == total_steps
             if s.step % config.log_every_steps == 0 or stop or last_step:
@@ -412,6 +431,8 @@ def _train(
     loop_s = time.monotonic() - s.loop_start
     if s.status == "completed":  # the last step's checkpoint is on disk: a stop now only skips the evaluation
         final_evaluation(p, s)
+    if s.status == "completed" and p.main and config.export_model:  # trainer.export: model/ + bucket
+        export_model(p, s)
     if p.mirror is not None:
         finish_uploads(p, s)
     summary = write_run_summary(p, s, loop_s) if world.is_main else {}
@@ -832,6 +853,8 @@ def log_step(p: Parts, s: LoopState, loss: torch.Tensor | float, lr: float) -> N
         rate = (s.step - s.loop_start_step) / max(time.monotonic() - s.loop_start, 1e-9)
         eta = (p.total_steps - s.step) / rate if rate else None
         print(metrics.progress_line(record, p.total_steps, eta), flush=True)
+        if p.live is not None:
+            p.live.logged(loss_mean, record["samples_per_s"], eta, s.data_wait)
     s.window_start, s.window_step, s.data_wait = time.perf_counter(), s.step, 0.0
 
 
@@ -841,13 +864,25 @@ def eval_batch_size(p: Parts, s: LoopState) -> int:
 
 def evaluate_between_steps(p: Parts, s: LoopState, stop_request: StopRequest) -> bool:
     """Evaluate now; True when a SIGTERM came during it (save now, evaluate after the restart)."""
-    evaluated = evaluate(p.net.model, p.rt, eval_batch_size(p, s), stop_check(p.rt.world, stop_request))
+    began = time.monotonic()  # the event's `seconds`: evaluation in a run's cost (forja.cost.run)
+    evaluated = evaluate(p.net.model, p.rt, eval_batch_size(p, s), stop_check(p.rt.world, stop_request),
+                         eval_progress(p))  # fmt: skip
+    if p.live is not None:
+        p.live.set_phase("train")
     if evaluated is None:
         event(p, s, "eval_abandoned")
         return True
     s.eval_result = evaluated
-    event(p, s, "eval", **evaluated)
+    event(p, s, "eval", seconds=round(time.monotonic() - began, 4), **evaluated)
     return False
+
+
+def eval_progress(p: Parts) -> Callable[[], None] | None:
+    """What an evaluation calls per batch: the live endpoint's progress (and its 'eval' phase), if any."""
+    if p.live is None:
+        return None
+    p.live.set_phase("eval")
+    return p.live.progress
 
 
 def every(interval: int | None, step: int) -> bool:
@@ -913,15 +948,29 @@ def record_stop(p: Parts, s: LoopState, stop_request: StopRequest) -> None:
 def final_evaluation(p: Parts, s: LoopState) -> None:
     """Evaluate the finished run; a SIGTERM now leaves it 'preempted' (the restart finds the final
     checkpoint and evaluates)."""
+    began = time.monotonic()
     with StopRequest() as final_stop:
-        evaluated = evaluate(p.net.model, p.rt, eval_batch_size(p, s), stop_check(p.rt.world, final_stop))
+        evaluated = evaluate(p.net.model, p.rt, eval_batch_size(p, s), stop_check(p.rt.world, final_stop),
+                             eval_progress(p))  # fmt: skip
     if evaluated is None:
         s.status = "preempted"
         signal_name = final_stop.signal_name or "peer"
         event(p, s, "preempt", signal=signal_name, saved_step=s.last_saved, during="evaluation")
     else:
         s.eval_result = evaluated
-        event(p, s, "finish", **evaluated)
+        event(p, s, "finish", seconds=round(time.monotonic() - began, 4), **evaluated)
+
+
+def export_model(p: Parts, s: LoopState) -> None:
+    """The finished model as safetensors + model.json in ``out/model/``, and beside the bucket's
+    checkpoints (trainer.export); the ``export`` event says where, or why not (never fails the run)."""
+    url = bucket_url(p.config.checkpoint_bucket) if p.mirror is not None else None
+    ckpt_files = p.ckpts.list()
+    if p.live is not None:  # the stall detector's clock starts afresh for the export and its upload
+        p.live.progress()
+    record = export_at_end(p.out, p.net.raw_model.state_dict(), s.resolved.to_dict(), s.step,
+                           ckpt_files[-1].name if ckpt_files else None, url)  # fmt: skip
+    event(p, s, "export", **record)
 
 
 def finish_uploads(p: Parts, s: LoopState) -> None:

@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export TH_BASE ?= $(HOME)/.cache/forja
 SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
-APT_PACKAGES := debootstrap systemd-container nftables zstd curl iproute2 openssh-client rsync sqlite3 gpg
+APT_PACKAGES := debootstrap systemd-container nftables zstd curl iproute2 openssh-client rsync sqlite3 gpg chromium
 
 .PHONY: setup apt venv golden sandbox sandbox-down test lint unit molecule clean-hosts
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -36,15 +35,18 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from forja import contract, errors, runstate
+from forja import contract, errors, live, runstate
 from forja import events as ev
 from forja.history import History, summary_fields
 from forja.inventory import InventoryHost
 from forja.runner import PlaybookRun, RunResult, Stream
 from forja.runner import run as run_playbook
 from forja.tunnel import TunnelPlan
+
+if TYPE_CHECKING:  # the push's result; forja.hub itself is imported when a push runs
+    from forja.hub import HubPush
 
 #: What a run name may be: the host contract's pattern (roles/host_contract), which trainer_run checks too.
 RUN_NAME = runstate.RUN_NAME
@@ -174,7 +176,9 @@ def _plan_run(
 
 
 def _config_hash(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    from forja.cost.estimate import config_hash  # its one home: the estimate finds earlier runs by it
+
+    return config_hash(path)
 
 
 def _new_run_id(config: Path) -> str:
@@ -683,6 +687,19 @@ class Forja:
         self._sync_history(pairs)
         return [_status(host, state) for host, state in pairs]
 
+    def live(
+        self, run: str | None = None, urls: Sequence[str] | None = None, timeout: float = 2.0
+    ) -> list[live.LiveSample]:
+        """The live metrics of the runs that serve them: step, loss, throughput, ETA, cost, GPU, CPU.
+
+        Reads each run's Prometheus endpoint once, at `urls` (default: 127.0.0.1 at each of the host
+        contract's metrics ports, where the tunnel of `forja tunnel` forwards them); `run` keeps that
+        run only. No playbook runs: the numbers come straight from the runs (`forja.live`), so it can
+        be called every second. Nothing serving is an empty list.
+        """
+        chosen = list(urls) if urls else [live.live_url(port) for port in live.metrics_ports()]
+        return [sample for sample in live.scrape_any(chosen, timeout) if run is None or sample.run == run]
+
     def logs(self, name: str, lines: int = 50) -> dict[str, str]:
         """The training unit's journal per host."""
         pairs = self._read_states({"trainer_run_status_runs": [name],
@@ -739,6 +756,55 @@ class Forja:
             self.history.update(name, artifact_dir=str(artifact or target), **summary_fields(summary))
         return RunResult(**{**result.__dict__, "artifact_dir": artifact or target})
 
+    def model_push(
+        self,
+        run: str,
+        repo: str,
+        token_file: str | Path | None = None,
+        private: bool | None = None,
+        folder: str | Path | None = None,
+        endpoint: str | None = None,
+    ) -> HubPush:
+        """Push a run's exported model (model.safetensors + model.json) to a Hugging Face Hub model repo.
+
+        The model is the one `forja fetch RUN` (or `forja train`) brought to this machine, in the run's
+        results (`model/`), or the folder given. This machine uploads it, not the VM: the token never
+        leaves it. The token is read from --token-file (mode 600), else HF_TOKEN, else the one `hf auth
+        login` saved; never from the command line, never logged. The repo is created when missing
+        (--private makes a new one private). A token that cannot write to the repo is an error naming
+        the repo and how to get one that can, before anything is uploaded when the Hub says so up front.
+        The Hub is HF_ENDPOINT when set (a stand-in for tests: forja_sandbox/hub_standin.py).
+        """
+        from forja.hub import push_model, read_token
+
+        where = Path(folder).expanduser() if folder is not None else self._model_folder(run)
+        return push_model(where, repo, token=read_token(token_file), private=private, endpoint=endpoint)
+
+    def _model_folder(self, run: str) -> Path:
+        """The exported model in a run's fetched results: the folder the history recorded (the rank-0
+        host's), else the default results folder's host subfolders (as `fetch` lays them out)."""
+        places: list[Path] = []
+        with contextlib.suppress(errors.RunNotFound):
+            recorded = self.history.find(run).artifact_dir
+            if recorded:
+                places.append(Path(recorded))
+        places.append(self.results_dir(run))
+        for place in places:
+            _, host_dir = self._read_results(run, place)
+            for candidate in (place, host_dir):
+                if candidate is not None and (candidate / "model" / "model.json").is_file():
+                    return candidate / "model"
+        if not any(place.is_dir() for place in places):
+            raise errors.RunNotFound(
+                f"no results of run {run!r} on this machine (looked in {', '.join(map(str, places))}); "
+                f"fetch them with `forja fetch {run}`"
+            )
+        raise errors.ConfigError(
+            "run", f"{run} has no exported model in its results ({', '.join(map(str, places))}): the run "
+            "did not complete, or export_model was off (export it on the host: python -m trainer export "
+            f"RUN_DIR), then `forja fetch {run}`"
+        )  # fmt: skip
+
     def stop(self, name: str) -> RunResult:
         """Stop a run's unit (it checkpoints on SIGTERM) and keep it from resuming at boot."""
         if not RUN_NAME.match(name):
@@ -747,6 +813,39 @@ class Forja:
         with contextlib.suppress(errors.RunNotFound):
             self.history.update(name, status="stopped", ended_at=_now())
         return result
+
+    def push_data(
+        self,
+        path: str | Path,
+        name: str | None = None,
+        bucket: str | None = None,
+        *,
+        threads: int = 8,
+        excludes: Sequence[str] = (),
+        detect_secrets: bool = True,
+        retry_deadline_s: float = 300.0,
+        on_progress: Callable[[Any], None] | None = None,
+        to_host: bool = False,
+    ) -> Any:
+        """Push a dataset folder to the project's bucket as gs://BUCKET/datasets/NAME (NAME: the folder's).
+
+        Content-addressed: each distinct file goes to gs://BUCKET/datasets/blobs/<sha256> once, so a second
+        push sends only what changed and an interrupted push resumes by skipping what is there. Uploads run
+        in parallel (large files resumable, in chunks), each checked against its CRC32C; the manifest (path,
+        size, SHA-256, CRC32C per file) is written last, so a partial push never looks complete. Secrets are
+        left out as in the bundle (host_contract_send_excludes, plus the content check). The bucket is
+        --bucket, else the inventory's dataset_bucket or gcp_bucket_name. `on_progress` gets a Progress
+        (phase, files and bytes done and in all) as it goes; no clock of forja's stops a long push, only one
+        blob left unanswered past `retry_deadline_s` of retries does (push again: what was sent is kept).
+        Runs on the hosts read it as gs://BUCKET/datasets/NAME, or staged on their disk (roles/dataset).
+        Without a bucket (or with --to-host), the folder goes straight to <host_contract_data_dir>/NAME on
+        the VMs (rsync over the inventory's SSH, each file's SHA-256 checked there; a RunResult is returned).
+        """
+        from forja import datasets
+
+        return datasets.push(self, path, name, bucket, threads=threads, excludes=excludes,
+                             detect_secrets=detect_secrets, retry_deadline_s=retry_deadline_s,
+                             on_progress=on_progress, direct=to_host)
 
     def runs(self, limit: int = 50, status: str | None = None, sync: bool = False) -> list[Any]:
         """The run history, newest first. `sync` first reads every run on the hosts (`status()`), so
@@ -920,6 +1019,102 @@ class Forja:
             return rate_of(machine_type, zone, load_prices(Path(prices) if prices else None), spot)
         except (PriceError, ValueError) as exc:
             raise errors.ConfigError("machine_type/zone/prices", str(exc)) from exc
+
+    def run_cost(
+        self,
+        run_id: str,
+        instances: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        prices: str | Path | None = None,
+        now: str | datetime | None = None,
+    ) -> Any:
+        """One run's cost from its history and fetched results: setup, recovery, compute, data wait,
+        evaluation, checkpoints and the rest, the VM's time down, the disk (see forja/cost/run.py).
+
+        The VM's rate and disks are its instance's (`instances`, else the inventory when one is
+        named); without one, the rate the run itself used (its config's price_per_hour) and no disk.
+        """
+        from forja.cost.prices import PriceError, load_prices
+        from forja.cost.run import RunFiles, run_cost
+        from forja.cost.spend import parse_time
+
+        record = self.history.find(run_id)
+        moment = parse_time(now) if now else datetime.now(timezone.utc)
+        found = [dict(i) for i in instances] if instances is not None else self._instances_if_named()
+        mine = next((i for i in found if i.get("name") in record.hosts), None)
+        if mine is None and len(found) == 1 and not record.hosts:
+            mine = found[0]
+        try:
+            table = load_prices(Path(prices) if prices else None)
+            return run_cost(record, self.history.events(record.run_id), RunFiles.read(record.artifact_dir),
+                            table, moment, mine)
+        except (PriceError, ValueError) as exc:
+            raise errors.ConfigError("run/instances/prices", str(exc)) from exc
+
+    def estimate(
+        self,
+        config: str | Path,
+        instances: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        prices: str | Path | None = None,
+    ) -> Any:
+        """What sending `config` will cost: steps x seconds per step measured by the newest earlier run
+        of that config (or of the same model, batch and precision), plus its setup and evaluation, at
+        the VMs' hourly rate, plus their disks. `forja train` shows it before sending.
+
+        The VMs are `instances` or the inventory's (their records); with no earlier run the estimate
+        has the rate and no time (the run it precedes measures it).
+        """
+        from forja import inventory
+        from forja.cost.estimate import estimate
+        from forja.cost.prices import PriceError, load_prices, region_of
+        from forja.cost.spend import Instance, machine_rate
+
+        path = Path(config).expanduser()
+        if not path.is_file():
+            raise errors.ConfigError("config", f"{config} is not a file; give a trainer config YAML")
+        found = [dict(i) for i in instances] if instances is not None else (
+            inventory.gcp_instances(inventory.required(self.inventory))[0])
+        if not found:
+            raise errors.ConfigError("inventory", "no host with a machine_type and zone to price")
+        try:
+            table = load_prices(Path(prices) if prices else None)
+            vms = [Instance.from_mapping(i) for i in found]
+            rates = [machine_rate(vm, table) for vm in vms]
+            disk = sum(table.disk_price(d.type, region_of(vm.zone)).usd_per_gb_month * d.size_gb
+                       for vm in vms for d in vm.disks)
+        except (PriceError, ValueError) as exc:
+            raise errors.ConfigError("instances/prices", str(exc)) from exc
+        what = " + ".join(r.what for r in rates)
+        return estimate(path, self.history, sum(r.usd_per_hour for r in rates), what,
+                        disk if any(vm.disks for vm in vms) else None, table.hours_per_month)
+
+    def ui(
+        self,
+        *,
+        port: int = 8877,
+        token: str | None = None,
+        metrics_urls: Sequence[str] | None = None,
+        say: Callable[[str], None] = print,
+    ) -> None:
+        """Serve a local web dashboard until Ctrl-C: the runs of the history with their status, cost,
+        preemptions and zone moves; each serving run's live metrics as charts (through the tunnel, as
+        `forja top` reads them); each run's cost part by part and its final plots; the VMs' state and
+        spend. It listens on 127.0.0.1 only and asks for a token, as Jupyter does: a random one per
+        start (or `token`, or $FORJA_UI_TOKEN), in the URL printed once (`say`); the page then keeps it
+        in a cookie. `port` 0 takes any free port; `metrics_urls` replaces the metrics ports' URLs.
+        """
+        from forja.ui.server import serve
+
+        serve(self, port=port, token=token, metrics_urls=metrics_urls, say=say)
+
+    def _instances_if_named(self) -> list[dict[str, Any]]:
+        """The inventory's priced hosts when an inventory is named, else none (history needs none)."""
+        from forja import inventory
+
+        if not self.inventory:
+            return []
+        return inventory.gcp_instances(self.inventory)[0]
 
     # -- helpers ------------------------------------------------------------------------------
     def results_dir(self, run_id: str) -> Path:

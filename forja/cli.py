@@ -471,6 +471,8 @@ def train(
     poll: Poll = 30.0,
 ) -> None:
     args = list(ctx.meta.get("forja_script_args", []))
+    if config is not None and script is None and config.is_file():  # bad input: train's own error says it
+        _show_estimate(ctx, config)
     if managed:
         with _errors(ctx, RUN_GOES_ON):
             budget = _budget(max_recoveries, max_down, max_down_usd)
@@ -666,6 +668,37 @@ def runs(
     out.print(table)
 
 
+# -- live metrics -------------------------------------------------------------------------------
+@verb(Forja.live, "top", epilog="Refreshes in place; Ctrl-C stops watching and leaves the runs alone "
+      "(exit 0). With --once or --json: one reading, exit 3 when no run answers.")
+def top(
+    ctx: typer.Context,
+    run: Annotated[str | None, typer.Argument(help="Only this run (default: every run answering).")] = None,
+    url: Annotated[
+        list[str] | None,
+        typer.Option("--url", help="A run's metrics URL, repeatable (default: 127.0.0.1 at the host "
+                     "contract's metrics ports, where `forja tunnel` forwards them)."),
+    ] = None,
+    interval: Annotated[float, typer.Option("--interval", min=0.2, help="Seconds between refreshes.")] = 2.0,
+    once: Annotated[bool, typer.Option("--once", help="Show one reading and exit.")] = False,
+) -> None:
+    from forja import live
+    from forja import top as view
+
+    api = _forja(ctx)
+    urls = list(url) if url else [live.live_url(port) for port in live.metrics_ports()]
+    if not (once or _opts(ctx).json):
+        view.watch(lambda: api.live(run, urls), urls, interval)
+        return
+    samples = api.live(run, urls)
+    if _opts(ctx).json:
+        _emit_json([sample.to_dict() for sample in samples])
+    else:
+        out.print(view.render(samples, urls))
+    if not samples:
+        raise typer.Exit(int(ExitCode.UNREACHABLE))
+
+
 # -- Colab --------------------------------------------------------------------------------------
 @verb(Forja.tunnel, epilog="Without --print the tunnel stays open until Ctrl-C.")
 def tunnel(
@@ -706,6 +739,9 @@ def tunnel(
                       soft_wrap=True)
         if "<token>" in plan.colab_url:
             console.print(f"the token is in {plan.token_file} (or run with --show-token)", soft_wrap=True)
+        if plan.metrics_ports:
+            console.print(f"the runs' live metrics come along (ports {plan.metrics_ports[0]}-"
+                          f"{plan.metrics_ports[-1]}): watch them with `forja top`", soft_wrap=True)
     if print_only:
         return
     try:
@@ -766,12 +802,19 @@ def cost(
     now: Annotated[
         str | None, typer.Option("--now", help="Compute as of this RFC 3339 time (default: now).")
     ] = None,
+    run: Annotated[
+        str | None, typer.Option("--run", help="One run's cost (its id or name): setup, waiting for data, "
+                                 "evaluation and the rest, time down, the disk.")
+    ] = None,
 ) -> None:
     if ctx.invoked_subcommand is not None:
         return
     from forja.cost.instances import instances_from_file
 
     given = instances_from_file(instances) if instances is not None else None
+    if run is not None:
+        _show_run_cost(ctx, _forja(ctx).run_cost(run, given, prices=prices, now=now))
+        return
     report = _forja(ctx).cost(
         given, prices=prices, cap=cap, warn=warn, scope=scope, now=now
     )
@@ -788,6 +831,43 @@ def cost(
         out.print(f"project: {report.project.message}")
     if report.skipped:
         out.print(f"not priced (no machine_type/zone in hostvars): {', '.join(report.skipped)}")
+
+
+def _show_run_cost(ctx: typer.Context, found: Any) -> None:
+    """`forja cost --run ID`: what the run cost, part by part (or its JSON, every digit)."""
+    if _opts(ctx).json:
+        _emit_json(found.as_dict())
+        return
+    ended = fmt.timestamp(found.ended_at) if found.ended_at else "still running"
+    table = Table(title=f"run {found.run_id}: {found.status}, {fmt.timestamp(found.started_at)} to {ended}",
+                  caption=f"rate {fmt.hourly(found.usd_per_hour)}: {found.rate_source}")
+    for column in ("part", "time", "cost", "share"):
+        table.add_column(column, justify="left" if column == "part" else "right")
+    for part in found.parts:
+        share = part.seconds / found.up_s if part.seconds is not None and found.up_s else None
+        table.add_row(part.name.replace("_", " "), fmt.duration(part.seconds), fmt.money(part.usd),
+                      fmt.percent(share))
+    table.add_row("VM up for the run", fmt.duration(found.up_s), fmt.money(found.vm_usd), "",
+                  end_section=True)
+    table.add_row(f"down, VM not billed ({found.preemptions} preempted, {found.zone_moves} zone moves)",
+                  fmt.duration(found.down_s), "", "")
+    table.add_row("disk, the whole time", fmt.duration(found.span_s), fmt.money(found.disk_usd) or "?", "")
+    table.add_row("[bold]total[/]", "", f"[bold]{fmt.money(found.total_usd)}[/]", "")
+    out.print(table)
+    if found.disk_usd is None:
+        out.print("the disk is not counted: no record of the run's VM (name the inventory or --instances)")
+    if found.trainer_usd is not None:
+        out.print(f"the trainer's own figure (its processes only): {fmt.money(found.trainer_usd)}")
+
+
+def _show_estimate(ctx: typer.Context, config: Path) -> None:
+    """`forja train`'s estimate before sending (stderr): a run not priced says why and goes on."""
+    try:
+        found = _forja(ctx).estimate(config)
+    except ForjaError as exc:
+        console.print(f"no cost estimate: {exc.message}", soft_wrap=True, highlight=False)
+        return
+    console.print(found.describe(), soft_wrap=True, highlight=False)
 
 
 @verb(Forja.rate, "rate", register=cost_app.command)
@@ -809,6 +889,33 @@ def rate(
 
 
 app.add_typer(cost_app, name="cost", help=_doc(Forja.cost))
+from forja import cli_data  # noqa: E402  - `forja data`, after `verb` and the printers it uses
+
+app.add_typer(cli_data.data_app, name="data", help="Datasets: push a folder to the project's bucket.")
+from forja import cli_model  # noqa: E402  - `forja model`, after `verb` and the printers it uses
+
+app.add_typer(cli_model.model_app, name="model", help="Trained models: push one to the Hugging Face Hub.")
+
+
+# -- the web dashboard --------------------------------------------------------------------------
+@verb(Forja.ui, epilog="Ctrl-C stops the dashboard (never a run).")
+def ui(
+    ctx: typer.Context,
+    port: Annotated[int, typer.Option("--port", help="Port on 127.0.0.1 (0: any free one).")] = 8877,
+    token: Annotated[
+        str | None, typer.Option("--token", envvar="FORJA_UI_TOKEN", show_default=False,
+                                 help="The token to ask for (default: a new random one each start).")
+    ] = None,
+    metrics_url: Annotated[
+        list[str] | None, typer.Option("--metrics-url", help="A run's metrics endpoint to read instead "
+                                       "of the tunnel's metrics ports (repeat it).")
+    ] = None,
+) -> None:
+    try:
+        _forja(ctx).ui(port=port, token=token, metrics_urls=metrics_url or None,
+                       say=lambda line: (sys.stdout.write(line + "\n"), sys.stdout.flush()))
+    except KeyboardInterrupt:
+        console.print("forja ui stopped")
 
 
 # --- Commands from other parts: register yours here, one line each ---------------------------

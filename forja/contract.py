@@ -20,6 +20,7 @@ Ansible's aggregation merges recursively (`merge_hash`) without mixing hosts::
           colab_url_template: "http://localhost:8888/?token=<token>"
           token_file: /var/lib/forja/jupyter/token      # on the host
           local_token_file: ~/.config/forja/tokens/h.jupyter-token   # copy on the controller, or ""
+          metrics_ports: [8890, ..., 8899]   # the runs' live metrics ports the tunnel forwards too
         instance:                       # gcp_instance (entry point observe), keyed by the VM's name
           exists: true
           zone: us-east1-d              # where it is now ("" when it exists nowhere)
@@ -82,6 +83,8 @@ class JupyterConnection(BaseModel):
     colab_url_template: str
     token_file: str
     local_token_file: str = ""
+    #: The runs' live metrics ports (host contract) the tunnel command also forwards, to equal ports.
+    metrics_ports: list[int] = Field(default_factory=list)
 
     @property
     def argv(self) -> list[str]:
@@ -106,7 +109,8 @@ class JupyterConnection(BaseModel):
                 "--local-port", f"{local_port} is not the Jupyter port {self.port}; Colab needs them equal"
             )
         token_file = str(self.local_token_path or f"{self.token_file} on {host}")
-        return TunnelPlan(host, self.argv, self.port, self.port, self.colab_url(show_token), token_file)
+        return TunnelPlan(host, self.argv, self.port, self.port, self.colab_url(show_token), token_file,
+                          tuple(self.metrics_ports))
 
 
 class InstanceState(BaseModel):

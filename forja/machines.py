@@ -9,42 +9,25 @@ as a package: this is the one place that loads the file, and only the data is us
 
 from __future__ import annotations
 
-import functools
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from forja import errors
+from forja import module_utils
 
-#: The catalog's file, relative to forja's Ansible content (the repository / collection root).
-CATALOG_FILE = Path("plugins") / "module_utils" / "forja_gcp_machines.py"
+#: The catalog's file stem under plugins/module_utils.
+CATALOG_STEM = "forja_gcp_machines"
 _MODULE_NAME = "forja._machine_catalog"
 
 
 def catalog_path() -> Path:
     """Where the catalog is: under the same root the playbooks are run from (FORJA_ROOT or the clone)."""
-    from forja.runner import REPO_ROOT
-
-    return REPO_ROOT / CATALOG_FILE
+    return module_utils.path_of(CATALOG_STEM)
 
 
-@functools.cache
 def catalog() -> ModuleType:
     """The catalog module, loaded once. Its ``MACHINE_TYPES`` maps a name to a ``MachineType``."""
-    path = catalog_path()
-    spec = importlib.util.spec_from_file_location(_MODULE_NAME, path)
-    if spec is None or spec.loader is None or not path.is_file():
-        raise errors.ConfigError(
-            "machine catalog",
-            f"{path} does not exist; run forja from its checkout or set FORJA_ROOT to the folder "
-            "that holds playbooks/ and plugins/",
-        )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[_MODULE_NAME] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    return module_utils.load(CATALOG_STEM, _MODULE_NAME)
 
 
 def machine_types() -> dict[str, Any]:

@@ -66,6 +66,8 @@ class TunnelPlan:
     remote_port: int
     colab_url: str
     token_file: str
+    #: The runs' live metrics ports the command forwards too, each to the same local port (`forja top`).
+    metrics_ports: tuple[int, ...] = ()
 
     def open(self, stop: threading.Event | None = None) -> int:
         """Run the tunnel in the foreground until it ends (Ctrl-C or `stop` closes it); ssh's exit status."""

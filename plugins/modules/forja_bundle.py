@@ -135,73 +135,32 @@ secrets_excluded:
   elements: str
 """
 
-import fnmatch
 import gzip
 import hashlib
 import io
 import json
 import os
-import stat
 import tarfile
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.forja.gpu.plugins.module_utils.forja_files import is_excluded, walk
 
-SNIFF_BYTES = 64 * 1024
 MANIFEST = ".forja-bundle"
 
 
-def is_excluded(rel_path: str, name: str, patterns: list[str]) -> bool:
-    """Name patterns match at any depth; patterns with a slash match the relative path."""
-    for pat in patterns:
-        target = rel_path if "/" in pat else name
-        if fnmatch.fnmatchcase(target, pat.rstrip("/")):
-            return True
-    return False
-
-
-def looks_like_secret(path: str) -> bool:
-    """A private key or a service-account key, whatever the file is called."""
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(SNIFF_BYTES)
-    except OSError:
-        return False
-    if b"-----BEGIN" in head and b"PRIVATE KEY-----" in head:
-        return True
-    return b'"private_key"' in head and b'"service_account"' in head
-
-
 def collect(sources: list[dict], patterns: list[str], detect: bool) -> tuple[list, list, list]:
-    """Walk the sources; return (files as (archive name, path, executable)), excluded, secrets."""
+    """Walk the sources (forja_files: the same rules as the dataset push); return (files as
+    (archive name, path, executable)), excluded, secrets, each named prefix/relative/path."""
     files: list[tuple[str, str, bool]] = []
     excluded: list[str] = []
     secrets: list[str] = []
     for src in sources:
-        root = os.path.realpath(os.path.expanduser(src["path"]))
         prefix = src["prefix"].strip("/")
-        for dirpath, dirnames, filenames in os.walk(root):
-            rel_dir = os.path.relpath(dirpath, root)
-            rel_dir = "" if rel_dir == "." else rel_dir
-            keep = []
-            for d in sorted(dirnames):
-                rel = f"{rel_dir}/{d}" if rel_dir else d
-                if is_excluded(rel, d, patterns) or os.path.islink(os.path.join(dirpath, d)):
-                    excluded.append(f"{prefix}/{rel}/")
-                else:
-                    keep.append(d)
-            dirnames[:] = keep
-            for f in sorted(filenames):
-                rel = f"{rel_dir}/{f}" if rel_dir else f
-                full = os.path.join(dirpath, f)
-                st = os.lstat(full)
-                if not stat.S_ISREG(st.st_mode) or is_excluded(rel, f, patterns):
-                    excluded.append(f"{prefix}/{rel}")
-                elif detect and looks_like_secret(full):
-                    excluded.append(f"{prefix}/{rel}")
-                    secrets.append(f"{prefix}/{rel}")
-                else:
-                    files.append((f"{prefix}/{rel}", full, bool(st.st_mode & stat.S_IXUSR)))
+        found = walk(src["path"], patterns, detect)
+        files += [(f"{prefix}/{item.rel}", item.path, item.executable) for item in found.files]
+        excluded += [f"{prefix}/{rel}" for rel in found.excluded]
+        secrets += [f"{prefix}/{rel}" for rel in found.secrets]
     files.sort()
     return files, excluded, secrets
 

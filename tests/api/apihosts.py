@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import yaml
@@ -29,23 +28,10 @@ def ensure_wheelhouse() -> Path:
 
     PyPI's responses are not cacheable through this machine's egress, so pip's shared HTTP cache
     stays empty and every host would download ~3 GB again; a wheelhouse in the folder the hosts
-    mount makes the second and later installs local. Purely a test-speed fixture.
+    mount makes the second and later installs local. Purely a test-speed fixture. The marker is
+    named by the list's hash (testhosts.ensure_wheelhouse), so a new trainer pin is fetched too.
     """
-    folder = testhosts.base_dir() / "pip-cache" / "wheelhouse"
-    done = folder / ".complete"
-    if not done.exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--isolated",
-             "--cert", "/etc/ssl/certs/ca-certificates.crt", "--only-binary=:all:",
-             "--python-version", "3.10", "--implementation", "cp",
-             "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64",
-             "--platform", "manylinux2014_x86_64", "--platform", "any", "--progress-bar", "off",
-             "--resume-retries", "10", "-d", str(folder), *wheelhouse_requirements()],
-            check=True,
-        )
-        done.touch()
-    return folder
+    return testhosts.ensure_wheelhouse(tuple(wheelhouse_requirements()))
 
 
 def write_inventory(path: Path, hosts: dict[str, dict[str, object]]) -> Path:

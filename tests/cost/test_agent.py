@@ -40,6 +40,7 @@ CONTRACT_FIELDS = {
     "jupyter_url": f"http://127.0.0.1:{CONTRACT['host_contract_jupyter_port']}",
     "jupyter_token_file": CONTRACT["host_contract_jupyter_token_file"],
     "train_unit_pattern": CONTRACT["host_contract_train_unit_pattern"],
+    "run_dir": CONTRACT["host_contract_run_dir"],
 }
 
 
@@ -333,6 +334,8 @@ def test_jupyter_times_are_utc():
         ({"dry_run": "yes"}, "'dry_run' must be true or false"),
         ({"idle_minute": 3}, "unknown field(s) idle_minute"),
         ({"jupyter_url": ""}, "'jupyter_url' missing or empty"),
+        ({"stall_after_s": 0}, "'stall_after_s' must be > 0"),
+        ({"stall_action": "kill"}, "'stall_action' is 'kill'; give one of stop, warn, off"),
     ],
 )
 def test_a_bad_config_names_the_field(tmp_path, change, field):
@@ -344,12 +347,12 @@ def test_a_bad_config_names_the_field(tmp_path, change, field):
 
 
 def test_the_host_contract_fields_have_no_copy_in_the_agent(tmp_path):
-    """Jupyter's port, the token file and the unit pattern come only from the role's config."""
+    """Jupyter's port, the token file, the unit pattern and the run folder come only from the config."""
     path = tmp_path / "autostop.json"
     path.write_text(json.dumps({"idle_minutes": 30}))
     with pytest.raises(agent.ConfigError) as err:
         agent.load_config(str(path))
-    assert "'jupyter_url', 'jupyter_token_file', 'train_unit_pattern' missing" in str(err.value)
+    assert "'jupyter_url', 'jupyter_token_file', 'train_unit_pattern', 'run_dir' missing" in str(err.value)
     assert "host_contract_jupyter_port" in str(err.value)
 
 

@@ -63,6 +63,7 @@ def _role_files() -> list[Path]:
         DEFAULTS["host_contract_run_dir"],
         DEFAULTS["host_contract_run_name_pattern"],
         DEFAULTS["host_contract_train_unit_pattern"],
+        str(DEFAULTS["host_contract_metrics_port"]),
         "'completed', 'failed'",
     ],
 )

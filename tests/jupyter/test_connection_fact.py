@@ -15,6 +15,12 @@ import pytest
 import yaml
 from jupyter_helpers import REPO, ansible_playbook
 
+#: The runs' live metrics ports (the host contract's), which every tunnel command forwards after Jupyter's.
+_CONTRACT = yaml.safe_load((REPO / "roles/host_contract/defaults/main.yml").read_text())
+_FIRST = _CONTRACT["host_contract_metrics_port"]
+METRICS_PORTS = list(range(_FIRST, _FIRST + _CONTRACT["host_contract_metrics_ports"]))
+METRICS = "".join(f" -L {port}:127.0.0.1:{port}" for port in METRICS_PORTS)
+
 HOSTS = {
     "gcp": {"gcp_name": "forja-l4", "zone": "us-east1-d", "ansible_host": "34.1.2.3",
             "jupyter_colab_tunnel_style": "gcloud"},
@@ -69,46 +75,50 @@ def _fact(output: str, host: str) -> dict:
 def test_a_gcp_instance_gets_the_gcloud_iap_command_with_equal_ports(output: str):
     assert _fact(output, "gcp")["tunnel_command"] == (
         "gcloud compute ssh forja-l4 --zone us-east1-d --tunnel-through-iap -- -N -L 8888:127.0.0.1:8888"
+        + METRICS
     )
 
 
 def test_iap_can_be_left_out(output: str):
     assert _fact(output, "gcp_no_iap")["tunnel_command"] == (
-        "gcloud compute ssh forja-l4 --zone us-east1-d -- -N -L 8888:127.0.0.1:8888"
+        "gcloud compute ssh forja-l4 --zone us-east1-d -- -N -L 8888:127.0.0.1:8888" + METRICS
     )
 
 
 def test_the_gcp_inventory_hostvars_give_the_gcloud_command_with_the_project(output: str):
     assert _fact(output, "inventoried")["tunnel_command"] == (
         "gcloud compute ssh forja-l4 --zone us-east1-d --project my-proj --tunnel-through-iap"
-        " -- -N -L 8888:127.0.0.1:8888"
+        " -- -N -L 8888:127.0.0.1:8888" + METRICS
     )
 
 
 def test_the_ssh_command_takes_ansibles_path_through_iap(output: str):
     assert _fact(output, "through_iap")["tunnel_command"] == (
-        "ssh -N -L 8888:127.0.0.1:8888 -i /keys/id -o StrictHostKeyChecking=accept-new -o "
+        "ssh -N -L 8888:127.0.0.1:8888" + METRICS + " -i /keys/id -o StrictHostKeyChecking=accept-new -o "
         "'ProxyCommand=gcloud compute start-iap-tunnel forja-l4 %p --listen-on-stdin --zone=us-east1-d'"
         " ansible@10.128.0.5"
     )
 
 
 def test_a_gcp_instance_gets_ansibles_ssh_path_unless_gcloud_is_asked(output: str):
-    assert _fact(output, "sandboxed")["tunnel_command"] == "ssh -N -L 8888:127.0.0.1:8888 ansible@10.213.0.21"
+    fact = _fact(output, "sandboxed")
+    assert fact["tunnel_command"] == f"ssh -N -L 8888:127.0.0.1:8888{METRICS} ansible@10.213.0.21"
 
 
 def test_the_ssh_form_can_be_forced(output: str):
-    assert _fact(output, "forced_ssh")["tunnel_command"] == "ssh -N -L 8888:127.0.0.1:8888 34.1.2.3"
+    assert _fact(output, "forced_ssh")["tunnel_command"] == f"ssh -N -L 8888:127.0.0.1:8888{METRICS} 34.1.2.3"
 
 
 def test_a_plain_host_gets_an_ssh_command(output: str):
-    assert _fact(output, "plain")["tunnel_command"] == "ssh -N -L 8888:127.0.0.1:8888 ansible@10.213.0.11"
+    fact = _fact(output, "plain")
+    assert fact["tunnel_command"] == f"ssh -N -L 8888:127.0.0.1:8888{METRICS} ansible@10.213.0.11"
 
 
 def test_port_and_key_of_the_inventory_are_used(output: str):
     fact = _fact(output, "odd_port")
-    assert fact["tunnel_command"] == "ssh -N -L 9999:127.0.0.1:9999 -p 2222 -i /keys/id me@10.0.0.7"
+    assert fact["tunnel_command"] == f"ssh -N -L 9999:127.0.0.1:9999{METRICS} -p 2222 -i /keys/id me@10.0.0.7"
     assert fact["port"] == 9999
+    assert fact["metrics_ports"] == METRICS_PORTS
     assert fact["colab_url_template"] == "http://localhost:9999/?token=<token>"
 
 

@@ -36,6 +36,10 @@ CONFIG = "/etc/forja/autostop.json"
 TEST_CONFIG = "/root/autostop-test.json"
 TEST_STATE = "/var/lib/forja/autostop-test"
 STATE_DIR = "/var/lib/forja/autostop"
+#: The host contract's run folder, where each run's live.json names its metrics port.
+RUN_DIR = yaml.safe_load((Path(__file__).parents[3] / "roles/host_contract/defaults/main.yml").read_text())[
+    "host_contract_run_dir"
+]
 JUPYTER_PORT = 18805  # molecule.yml: host_contract_jupyter_port (the host contract)
 MOVED_PORT = 18815  # where test_the_agent_follows_the_host_contract_port moves Jupyter with -e
 METADATA_PORT = 18905  # molecule.yml: autostop_metadata_url
@@ -236,6 +240,30 @@ def test_a_running_training_unit_keeps_the_vm():
     finally:
         ssh("systemctl stop forja-train@unit-test.service")
     assert "checkpointed" in ssh("ls /var/lib/forja-standin/unit-test")  # the stand-in saw SIGTERM
+
+
+def test_a_stalled_run_is_stopped_and_a_run_reporting_progress_is_not():
+    """Two stand-in runs serve the trainer's progress gauge (prepare.yml): live-hang-1's froze at its
+    start, live-eval's moves on every read (a long evaluation). One real agent pass, stall window 3 s."""
+    runs = ("live-hang-1", "live-eval")
+    edit_config(TEST_CONFIG, stall_after_s=3, stall_action="stop", dry_run=False)
+    ssh("systemctl start " + " ".join(f"forja-train@{run}.service" for run in runs))
+    try:
+        served = " && ".join(f"test -s {RUN_DIR}/{run}/live.json" for run in runs)
+        until(lambda: ssh(f"{served} && echo yes", check=False).strip(), 20, "both runs' live.json")
+        time.sleep(3.5)
+        lines = ssh(f"python3 {AGENT} --config {TEST_CONFIG}").strip().splitlines()
+        records = [json.loads(line) for line in lines if line.startswith("{")]
+        assert records[0]["decision"] == "keep"  # two training units are running
+        stalls = [r for r in records if r["decision"] == "stall"]
+        assert [(r["run"], r["action"]) for r in stalls] == [("live-hang-1", "stop")]
+        assert "run live-hang-1: no progress for" in stalls[0]["reasons"][0]
+        assert ssh("systemctl is-active forja-train@live-hang-1.service", check=False).strip() != "active"
+        assert ssh("systemctl is-active forja-train@live-eval.service").strip() == "active"
+        assert "checkpointed" in ssh("ls /var/lib/forja-standin/live-hang-1")  # stopped with SIGTERM
+    finally:
+        edit_config(TEST_CONFIG, stall_after_s=1800, dry_run=True)
+        ssh("systemctl stop " + " ".join(f"forja-train@{run}.service" for run in runs), check=False)
 
 
 def test_an_interactive_ssh_session_keeps_the_vm():

@@ -211,6 +211,15 @@ def test_results_came_back_to_the_controller(host) -> None:
     assert len(lines) >= 3 and lines[-1]["step"] == summary["steps"]
     assert list((folder / "plots").glob("*.png"))
     assert not list(folder.rglob("*.pt"))
+    # rank 0 exported the finished model (trainer.export) and the fetch brought it back, intact
+    import torch
+
+    from trainer.export import load_model, verify
+
+    model = verify(folder / "model")  # model.json's sha256 against the fetched weights
+    assert model["step"] == summary["steps"] and model["checkpoint"] == f"ckpt-{summary['steps']}.pt"
+    with torch.no_grad():
+        assert load_model(folder / "model")(torch.zeros(2, 1, 8, 8)).shape == (2, 10)
 
 
 # The role's write tasks: on a converged host a re-run skips every one of them (state.yml compared

@@ -25,6 +25,14 @@ stops, the disk keeps costing.
 Caps that apply even when busy: the maximum runtime since boot, and the spend cap (hourly rate
 x running time, summed over boots). At the warning threshold the agent writes a warning file.
 
+A stalled run: a training unit that is active while its run's progress (the trainer's metrics
+endpoint, forja_train_last_progress_timestamp_seconds, bumped by every training step AND every
+evaluation batch) has not moved for stall_after_s. A hung collective, a stuck data source or a
+dead lock keeps the unit "active" and the GPU billing; this is the one signal that sees it. The
+agent then stops that unit (SIGTERM: the trainer checkpoints if it still can) or only warns, as
+stall_action says. The endpoint's port is in <run_dir>/<run>/live.json; an endpoint that stops
+answering (a hang that holds Python's lock) counts from the last progress the agent saw.
+
 State lives in state.json, keyed by the kernel's boot id: a new boot resets the idle clock and
 the per-boot spend (carried into the lifetime total), so a VM started again does not stop at
 once; a boot grace period keeps every stop away right after boot.
@@ -55,6 +63,10 @@ import forja_figures as figures
 
 DEFAULTS: dict[str, Any] = {
     "idle_minutes": 30.0,
+    # A run whose progress has not moved for this long while its unit is active is stalled.
+    "stall_after_s": 1800.0,
+    # stop (the unit), warn (log only) or off.
+    "stall_action": "stop",
     "boot_grace_minutes": 10.0,
     "max_runtime_hours": 0.0,
     "gpu_util_threshold": 10.0,
@@ -76,7 +88,7 @@ DEFAULTS: dict[str, Any] = {
 }
 #: Fields the config must give: the host contract (forja.gpu.host_contract), which the role writes
 #: from the one place it is defined, so no port, path or unit name of another role is copied here.
-REQUIRED = ("jupyter_url", "jupyter_token_file", "train_unit_pattern")
+REQUIRED = ("jupyter_url", "jupyter_token_file", "train_unit_pattern", "run_dir")
 #: GCE keeps guest attribute values small; a reason longer than this is cut.
 MAX_REASON_BYTES = 1000
 NUMBERS = (
@@ -88,7 +100,12 @@ NUMBERS = (
     "spend_cap_usd",
     "spend_warn_fraction",
     "stop_timeout_seconds",
+    "stall_after_s",
 )
+STALL_ACTIONS = ("stop", "warn", "off")
+#: The trainer's live metrics (trainer/live.py): the file naming a run's port, and the one gauge read.
+LIVE_FILE = "live.json"
+PROGRESS_METRIC = "forja_train_last_progress_timestamp_seconds"
 MIN_BILLED_S = 60.0  # Compute Engine bills at least one minute per start
 
 
@@ -115,7 +132,7 @@ def load_config(path: str) -> dict[str, Any]:
         raise ConfigError(
             f"config {path}: {', '.join(repr(f) for f in missing)} missing or empty; re-apply the autostop role, "
             "which writes them from the host contract (host_contract_jupyter_port, host_contract_jupyter_token_file, "
-            "host_contract_train_unit_pattern)"
+            "host_contract_train_unit_pattern, host_contract_run_dir)"
         )
     config = {**DEFAULTS, **given}
     for field in NUMBERS:
@@ -124,6 +141,13 @@ def load_config(path: str) -> dict[str, Any]:
             raise ConfigError(f"config {path}: '{field}' is {value!r}; it must be a number >= 0")
     if config["idle_minutes"] <= 0:
         raise ConfigError(f"config {path}: 'idle_minutes' must be > 0 (fractions such as 0.1 are fine)")
+    if config["stall_after_s"] <= 0:
+        raise ConfigError(f"config {path}: 'stall_after_s' must be > 0 seconds (stall_action off: no check)")
+    if config["stall_action"] not in STALL_ACTIONS:
+        raise ConfigError(
+            f"config {path}: 'stall_action' is {config['stall_action']!r}; give one of "
+            + ", ".join(STALL_ACTIONS)
+        )
     if not 0 < config["spend_warn_fraction"] <= 1:
         raise ConfigError(f"config {path}: 'spend_warn_fraction' must be in (0, 1], e.g. 0.8")
     command = config["poweroff_command"]
@@ -417,6 +441,109 @@ def observe(config: dict[str, Any], now: float) -> dict[str, Any]:
     return {"busy": busy, "notes": notes, "last_activity": last_activity}
 
 
+# --- Stalled runs ------------------------------------------------------------------------------
+
+
+def unit_run(pattern: str, unit: str) -> str | None:
+    """The run name in a training unit's name: what the pattern's ``*`` stands for (None: no match)."""
+    prefix, star, suffix = pattern.partition("*")
+    if not star or not unit.startswith(prefix) or not unit.endswith(suffix):
+        return None
+    return unit[len(prefix) : len(unit) - len(suffix)] or None
+
+
+def progress_value(text: str, run: str) -> float | None:
+    """The run's last-progress gauge from Prometheus text (one sample line; stdlib, so no client).
+
+    The trainer serves it as ``forja_train_last_progress_timestamp_seconds{run="NAME"} VALUE``;
+    a run name cannot hold spaces or quotes (the host contract's pattern), so the split is exact.
+    """
+    for line in text.splitlines():
+        if not line.startswith(PROGRESS_METRIC + "{"):
+            continue
+        labels, _, rest = line[len(PROGRESS_METRIC) + 1 :].partition("}")
+        if f'run="{run}"' in labels.split(","):
+            try:
+                return float(rest.split()[0])
+            except (IndexError, ValueError):
+                return None
+    return None
+
+
+def read_progress(run_dir: str, run: str) -> tuple[float | None, int | None, str]:
+    """(last progress, serving pid, how it went) for one run, from its live.json and endpoint."""
+    try:
+        with open(os.path.join(run_dir, run, LIVE_FILE), encoding="utf-8") as handle:
+            served = json.load(handle)
+        port, pid = int(served["port"]), int(served["pid"])
+    except FileNotFoundError:
+        return None, None, "no live metrics (yet)"
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return None, None, f"unreadable {LIVE_FILE} ({exc})"
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode("utf-8", errors="replace")
+    except (urllib.error.URLError, OSError) as exc:
+        return None, pid, f"endpoint silent ({getattr(exc, 'reason', exc)})"
+    value = progress_value(text, run)
+    return value, pid, "ok" if value is not None else f"no {PROGRESS_METRIC} for run {run}"
+
+
+def stalled_runs(
+    config: dict[str, Any], units: list[str], now: float, memory: dict[str, Any]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The active runs whose progress is older than stall_after_s, and what to remember for next time.
+
+    ``memory`` ({run: {"pid", "progress"}}, the previous check's) stands in for an endpoint that no
+    longer answers while the same process serves it: a hang holding Python's lock silences the
+    server thread too. A run that has not served yet (setup) is never judged.
+    """
+    found: list[dict[str, Any]] = []
+    remembered: dict[str, Any] = {}
+    for unit in units:
+        run = unit_run(config["train_unit_pattern"], unit)
+        if run is None:
+            continue
+        progress, pid, how = read_progress(config["run_dir"], run)
+        earlier = memory.get(run) or {}
+        if progress is None and pid is not None and earlier.get("pid") == pid:
+            progress = earlier.get("progress")
+        if progress is None:
+            continue
+        remembered[run] = {"pid": pid, "progress": progress}
+        age = max(0.0, now - progress)
+        if age >= config["stall_after_s"]:
+            limit = figures.duration(config["stall_after_s"])
+            why = f"run {run}: no progress for {figures.duration(age)} (stalled after {limit})"
+            found.append({"run": run, "unit": unit, "progress_age_s": round(age, 1),
+                          "reason": why if how == "ok" else f"{why}; {how}"})  # fmt: skip
+    return found, remembered
+
+
+def handle_stalls(config: dict[str, Any], units: list[str], now: float) -> list[dict[str, Any]]:
+    """Find stalled runs (their memory in state_dir/stalls.json) and stop or warn; the records logged."""
+    if config["stall_action"] == "off" or not units:
+        return []
+    os.makedirs(config["state_dir"], mode=0o755, exist_ok=True)
+    path = os.path.join(config["state_dir"], "stalls.json")
+    memory = read_state(path) or {}
+    found, remembered = stalled_runs(config, units, now, memory)
+    write_json(path, remembered, 0o600)
+    records = []
+    for stall in found:
+        action = config["stall_action"]
+        if action == "stop" and config["dry_run"]:
+            action = "would-stop"
+        record = {"decision": "stall", "action": action, "run": stall["run"], "unit": stall["unit"],
+                  "progress_age_s": stall["progress_age_s"], "reasons": [stall["reason"]]}  # fmt: skip
+        log(record)
+        if action == "stop":
+            subprocess.run(["systemctl", "stop", stall["unit"]], check=False,
+                           timeout=config["stop_timeout_seconds"] + 30)  # fmt: skip
+        records.append(record)
+    return records
+
+
 # --- Deciding (pure: tested without a machine) -------------------------------------------------
 
 
@@ -600,6 +727,7 @@ def run_once(config: dict[str, Any]) -> int:
         write_json(os.path.join(state_dir, "last_stop.json"), record, 0o644)
         record_stop_reason(config, record)
         return stop_machine(config, record)
+    handle_stalls(config, training_units(config["train_unit_pattern"]), now)
     return 0
 
 

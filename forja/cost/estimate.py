@@ -1,0 +1,150 @@
+"""What a run will cost, said before it is sent: steps x seconds per step x the VM's rate, plus the disk.
+
+Why measured first: a throughput from a model of the hardware is off by integer factors (data
+loading, small batches, Python overhead); the run this config had last time is not. So the seconds
+per step come from the newest finished run of the same config in the history (the same bytes: its
+config hash), then from one of the same model, batch and precision (another length); its setup and
+evaluation time come along, since a run pays for them too (forja.cost.run). With no such run there is
+no honest time to give: the estimate says so and shows the rate, and the run it is about to send
+becomes the measurement for the next one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from forja import format as fmt
+from forja.cost.run import RunFiles, split, windows
+from forja.history import History, RunRecord
+
+#: Config keys that, equal, make another run's seconds per step a fair measure for this one.
+SAME_SHAPE = ("model", "model_args", "data", "data_args", "batch_size", "effective_batch_size", "precision",
+              "device")
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    """What an earlier run measured: seconds per step over its loop, its setup and its evaluation."""
+
+    run_id: str
+    how: str
+    seconds_per_step: float
+    setup_s: float
+    evaluation_s: float
+    steps: int
+
+
+@dataclasses.dataclass(frozen=True)
+class RunEstimate:
+    """The estimate `forja train` shows before sending: every figure None that cannot be known yet."""
+
+    steps: int | None
+    usd_per_hour: float
+    rate_what: str
+    disk_usd_per_month: float | None
+    measured: Measured | None
+    seconds: float | None
+    vm_usd: float | None
+    disk_usd: float | None
+    total_usd: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def describe(self) -> str:
+        """One line for people: steps at the measured speed + setup + evaluation, at the rate, + the disk."""
+        month = ""
+        if self.disk_usd_per_month is not None:
+            month = f", its disk {fmt.money(self.disk_usd_per_month)}/month"
+        m = self.measured
+        if self.total_usd is None or self.seconds is None or m is None:
+            why = ("no earlier run of this config (or of its model, batch and precision) to measure its speed"
+                   if m is None else "its number of steps is not known before it runs")
+            return (f"cost estimate: {why}; the VM costs {fmt.hourly(self.usd_per_hour)} ({self.rate_what})"
+                    f"{month}. This run is the measurement for the next.")
+        disk = "" if self.disk_usd is None else f" + disk {fmt.money(self.disk_usd)}"
+        speed = fmt.per_second(1 / m.seconds_per_step, "steps")
+        return (f"cost estimate: {fmt.count(self.steps)} steps at {speed} (measured by {m.run_id}, {m.how})"
+                f" + setup {fmt.duration(m.setup_s)} + evaluation {fmt.duration(m.evaluation_s)}"
+                f" = {fmt.duration(self.seconds)} at {fmt.hourly(self.usd_per_hour)} ({self.rate_what})"
+                f" = {fmt.money(self.vm_usd)}{disk}: about {fmt.money(self.total_usd)}")
+
+
+def config_hash(path: Path) -> str:
+    """The history's key for "the same config": the file's bytes (Forja.train records it with each run)."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def _config(path: Path) -> dict[str, Any]:
+    data = yaml.safe_load(path.read_text()) or {}
+    return data if isinstance(data, dict) else {}
+
+
+def _measure(record: RunRecord, how: str) -> Measured | None:
+    """Seconds per step, setup and evaluation of one finished run, from its fetched files."""
+    files = RunFiles.read(record.artifact_dir)
+    steps = int(files.metrics[-1].get("step") or 0) if files.metrics else 0
+    loop, _ = windows(files.metrics)
+    if steps <= 0 or not loop:
+        return None
+    parts = split(record, [], files, 0.0)
+    return Measured(record.run_id, how, loop / steps, parts["setup"] or 0.0, parts["evaluation"] or 0.0,
+                    steps)
+
+
+def measured_for(
+    history: History, path: Path, config: Mapping[str, Any], limit: int = 200
+) -> Measured | None:
+    """The newest completed run of this config (same hash), else of the same shape (SAME_SHAPE)."""
+    digest = config_hash(path)
+    done = [r for r in history.list(limit=limit, status="completed") if r.artifact_dir]
+    for record in done:
+        if record.config_hash == digest:
+            found = _measure(record, "the same config")
+            if found is not None:
+                return found
+    # What this config states (an unset or "auto" key is whatever the earlier run resolved it to).
+    shape = {k: config[k] for k in SAME_SHAPE if config.get(k) not in (None, "auto")}
+    if "model" not in shape:
+        return None
+    for record in done:
+        theirs = RunFiles.read(record.artifact_dir).config  # the resolved config the run saved
+        if theirs and {k: theirs.get(k) for k in shape} == shape:
+            found = _measure(record, "the same model, data, batch and precision")
+            if found is not None:
+                return found
+    return None
+
+
+def estimate(
+    path: Path,
+    history: History,
+    usd_per_hour: float,
+    rate_what: str,
+    disk_usd_per_month: float | None,
+    hours_per_month: float = 730,
+) -> RunEstimate:
+    """The estimate of sending `path` (a trainer config) to a VM at `usd_per_hour` with its disks.
+
+    Steps come from the config (`steps`), or from the measured run when the config counts epochs.
+    """
+    config = _config(path)
+    measured = measured_for(history, path, config)
+    steps = config.get("steps") if not config.get("epochs") else None
+    if steps is None and measured is not None and measured.how == "the same config":
+        steps = measured.steps
+    seconds = vm_usd = disk_usd = total = None
+    if measured is not None and isinstance(steps, int):
+        seconds = measured.setup_s + steps * measured.seconds_per_step + measured.evaluation_s
+        vm_usd = usd_per_hour * seconds / 3600.0
+        if disk_usd_per_month is not None:
+            disk_usd = disk_usd_per_month * seconds / 3600.0 / hours_per_month
+        total = vm_usd + (disk_usd or 0.0)
+    return RunEstimate(steps if isinstance(steps, int) else None, usd_per_hour, rate_what, disk_usd_per_month,
+                       measured, seconds, vm_usd, disk_usd, total)

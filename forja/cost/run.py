@@ -1,0 +1,260 @@
+"""What one training run cost, from its first setup task to its end, split by what the time went to.
+
+Why not the trainer's own `cost_usd`: the trainer prices its processes' wall time, and a run costs
+more than that. The VM is paid while forja sends the bundle and installs the environment (setup),
+while the loop waits for data, while it evaluates and checkpoints, while a preempted VM boots again,
+and until forja has fetched the results; the disk bills all along, even while a preempted VM is down.
+So a run's cost is the VM's rate over the time it ran for the run (the history's start to its end,
+minus the outages the watcher counted) plus its disks over the whole span.
+
+The split comes from what the run wrote (its fetched ``events.jsonl`` and ``metrics.jsonl``):
+- setup: forja recorded the run (before the playbook) until the trainer's first ``start`` event;
+- recovery: each restart or zone move the history records until the trainer's next ``resume``;
+- data wait: each metrics line's per-step ``data_wait_s`` times the steps of its window;
+- evaluation: the ``seconds`` of every ``eval``/``finish`` event (older runs: the final
+  evaluation's distance from the last checkpoint);
+- checkpoints: the ``write_s`` of every ``checkpoint`` event;
+- compute: the loop's logged windows minus the three above (what the accelerator was for);
+- other: what is left (following, fetching, uploads waited for).
+Every figure is derived from real timestamps; a part nobody reported is None, never a guess.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from forja.cost.prices import PriceTable, region_of
+from forja.cost.spend import Instance, machine_rate, parse_time
+from forja.history import RunEvent, RunRecord
+
+#: History events after which the VM came back for the run (forja/managed.py records them).
+BACK_EVENTS = ("restarted", "zone_moved")
+#: The parts of a run's time, in the order people read them.
+PARTS = ("setup", "recovery", "compute", "data_wait", "evaluation", "checkpoints", "other")
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """Seconds the VM spent on one part of the run, and what they cost at its rate."""
+
+    name: str
+    seconds: float | None
+    usd: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunCost:
+    """One run's cost: the VM while it ran for the run, the disk over the whole span, and the split."""
+
+    run_id: str
+    status: str
+    started_at: str
+    ended_at: str | None
+    #: Where the hourly rate came from: the instance's price in forja's table, or the rate the run used.
+    usd_per_hour: float
+    rate_source: str
+    span_s: float
+    down_s: float
+    up_s: float
+    vm_usd: float
+    disk_usd: float | None
+    total_usd: float
+    preemptions: int
+    zone_moves: int
+    #: The trainer's own figure (its processes' wall time at the rate), for comparison.
+    trainer_usd: float | None
+    parts: tuple[Part, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFiles:
+    """What a fetched run folder holds: its trainer events, metrics lines, summary and config."""
+
+    events: list[dict[str, Any]]
+    metrics: list[dict[str, Any]]
+    summary: dict[str, Any]
+    config: dict[str, Any]
+
+    @classmethod
+    def read(cls, folder: str | Path | None) -> RunFiles:
+        """The files of `folder` (the history's artifact_dir); an absent folder or file reads as empty."""
+        root = Path(folder) if folder else None
+
+        def lines(name: str) -> list[dict[str, Any]]:
+            path = root / name if root is not None else None
+            if path is None or not path.is_file():
+                return []
+            found = []
+            for line in path.read_text().splitlines():  # a line cut by a crash: skipped
+                try:
+                    obj = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(obj, dict):
+                    found.append(obj)
+            return found
+
+        def mapping(name: str, load: Any) -> dict[str, Any]:
+            path = root / name if root is not None else None
+            if path is None or not path.is_file():
+                return {}
+            try:
+                data = load(path.read_text())
+            except (ValueError, yaml.YAMLError):
+                return {}
+            return data if isinstance(data, dict) else {}
+
+        return cls(lines("events.jsonl"), lines("metrics.jsonl"), mapping("summary.json", json.loads),
+                   mapping("config.yaml", yaml.safe_load))
+
+
+def _stamp(value: str | None) -> float | None:
+    return parse_time(value).timestamp() if value else None
+
+
+def windows(metrics: Sequence[Mapping[str, Any]]) -> tuple[float | None, float | None]:
+    """(loop seconds, data-wait seconds) over the logged windows: each line covers the steps since the
+    line before (metrics of redone steps were dropped by the trainer on resume)."""
+    if not metrics:
+        return None, None
+    loop = wait = 0.0
+    previous = 0
+    for line in metrics:
+        step = int(line.get("step") or 0)
+        steps = max(0, step - previous)
+        previous = step
+        loop += float(line.get("step_time_s") or 0.0) * steps
+        wait += float(line.get("data_wait_s") or 0.0) * steps
+    return loop, wait
+
+
+def _evaluation(
+    events: Sequence[Mapping[str, Any]], metrics: Sequence[Mapping[str, Any]]
+) -> tuple[float, float]:
+    """(seconds of every evaluation, of those inside the loop's windows); an older run's event without
+    `seconds` is timed from the event before it (the final checkpoint, or the metrics line of its step)."""
+    logged = {int(m.get("step") or -1): float(m.get("time") or 0.0) for m in metrics}
+    total = inside = 0.0
+    before: Mapping[str, Any] | None = None
+    for event in events:
+        kind = event.get("event")
+        if kind == "eval" or (kind == "finish" and "eval_loss" in event):
+            seconds = event.get("seconds")
+            if seconds is None:
+                start = logged.get(int(event.get("step") or -1)) if kind == "eval" else None
+                if start is None and before is not None:
+                    start = float(before.get("time") or 0.0)
+                seconds = max(0.0, float(event.get("time") or 0.0) - start) if start else 0.0
+            total += float(seconds)
+            if kind == "eval":
+                inside += float(seconds)
+        before = event
+    return total, inside
+
+
+def _setup_and_recovery(
+    record: RunRecord, history: Sequence[RunEvent], events: Sequence[Mapping[str, Any]]
+) -> tuple[float | None, float | None]:
+    """Setup: recorded start to the trainer's first start. Recovery: each time the VM came back
+    (history) to the trainer's next resume."""
+    began = _stamp(record.started_at)
+    sessions = [e for e in events if e.get("event") in ("start", "resume")]
+    if began is None or not sessions:
+        return None, None
+    setup = max(0.0, float(sessions[0].get("time") or began) - began)
+    resumes = [float(e.get("time") or 0.0) for e in sessions[1:]]
+    recovery = 0.0
+    for back in (_stamp(e.time) for e in history if e.kind in BACK_EVENTS):
+        after = [t for t in resumes if back is not None and t >= back]
+        if back is not None and after:
+            recovery += after[0] - back
+    return setup, recovery
+
+
+def _down_seconds(history: Iterable[RunEvent]) -> float:
+    """The outages the watcher counted (its tally is cumulative: the largest figure is the total)."""
+    return max((float(e.data.get("seconds_down") or 0.0) for e in history), default=0.0)
+
+
+def split(
+    record: RunRecord, history: Sequence[RunEvent], files: RunFiles, up_s: float
+) -> dict[str, float | None]:
+    """Seconds of each part (PARTS) of a run that was up `up_s` seconds; None where nothing reported it."""
+    setup, recovery = _setup_and_recovery(record, history, files.events)
+    loop, wait = windows(files.metrics)
+    evaluation, eval_in_loop = _evaluation(files.events, files.metrics) if files.events else (None, 0.0)
+    checkpoints = sum(float(e.get("write_s") or 0.0) for e in files.events if e.get("event") == "checkpoint")
+    compute = None if loop is None else max(0.0, loop - (wait or 0.0) - eval_in_loop - checkpoints)
+    known = [setup, recovery, compute, wait, evaluation, checkpoints if files.events else None]
+    other = max(0.0, up_s - sum(x for x in known if x is not None)) if files.events else None
+    return dict(zip(PARTS, [*known, other], strict=True))
+
+
+def run_cost(
+    record: RunRecord,
+    history: Sequence[RunEvent],
+    files: RunFiles,
+    prices: PriceTable,
+    now: datetime,
+    instance: Mapping[str, Any] | None = None,
+) -> RunCost:
+    """The cost of `record` as of `now`: the VM at its rate while up for the run, its disks all along.
+
+    The rate is the instance's (forja's price table, `instance` as the inventory or --instances gives
+    it), else the rate the run itself used (its config's price_per_hour, which trainer_run looked up in
+    the same table); with neither, ValueError says what to give. Disks are priced only from `instance`.
+    """
+    vm = Instance.from_mapping(instance) if instance is not None else None
+    if vm is not None:
+        rate = machine_rate(vm, prices)
+        usd_per_hour, source = rate.usd_per_hour, f"{rate.what}, prices of {prices.date}"
+    elif isinstance(files.config.get("price_per_hour"), int | float) and files.config["price_per_hour"] > 0:
+        usd_per_hour, source = float(files.config["price_per_hour"]), "the run's price_per_hour (config.yaml)"
+    else:
+        raise ValueError(
+            f"run {record.run_id}: no hourly rate known (no fetched config.yaml with price_per_hour); "
+            "give the inventory (-i) or --instances with the run's VM"
+        )
+    began = _stamp(record.started_at) or now.timestamp()
+    ended = _stamp(record.ended_at) or now.timestamp()
+    span = max(0.0, ended - began)
+    down = min(span, _down_seconds(history))
+    up = span - down
+    per_s = usd_per_hour / 3600.0
+    disk_usd = None
+    if vm is not None and vm.disks:
+        region = region_of(vm.zone)
+        month = sum(prices.disk_price(d.type, region).usd_per_gb_month * d.size_gb for d in vm.disks)
+        disk_usd = month * (span / 3600.0) / prices.hours_per_month
+
+    seconds = split(record, history, files, up)
+    parts = tuple(Part(name, s, None if s is None else s * per_s) for name, s in seconds.items())
+    trainer = files.summary.get("cost_usd")
+    return RunCost(
+        run_id=record.run_id,
+        status=record.status,
+        started_at=record.started_at,
+        ended_at=record.ended_at,
+        usd_per_hour=usd_per_hour,
+        rate_source=source,
+        span_s=span,
+        down_s=down,
+        up_s=up,
+        vm_usd=up * per_s,
+        disk_usd=disk_usd,
+        total_usd=up * per_s + (disk_usd or 0.0),
+        preemptions=max(record.preemptions, sum(1 for e in history if e.kind == "preempted")),
+        zone_moves=sum(1 for e in history if e.kind == "zone_moved"),
+        trainer_usd=float(trainer) if isinstance(trainer, int | float) else None,
+        parts=parts,
+    )

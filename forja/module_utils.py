@@ -1,0 +1,51 @@
+"""The one place forja loads a file of forja's Ansible ``plugins/module_utils`` by path.
+
+Why by path: some facts and logic must live in module_utils, the only code an Ansible module may
+ship (AnsiballZ), yet forja needs the same code on the controller (the machine catalog, the dataset
+push). Those files import nothing but the standard library, their siblings and well-known clients,
+never Ansible, so forja loads them as plain modules from the root the playbooks are run from
+(FORJA_ROOT or the clone) instead of keeping copies that drift. forja imports no plugin code as a
+package.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from forja import errors
+
+#: The folder, relative to forja's Ansible content (the repository / collection root).
+MODULE_UTILS = Path("plugins") / "module_utils"
+
+
+def path_of(stem: str) -> Path:
+    """Where module_utils/<stem>.py is under the root forja runs the playbooks from."""
+    from forja.runner import REPO_ROOT
+
+    return REPO_ROOT / MODULE_UTILS / f"{stem}.py"
+
+
+@functools.cache
+def load(stem: str, module_name: str | None = None) -> ModuleType:
+    """module_utils/<stem>.py, loaded once, registered as ``module_name`` (default: ``stem``).
+
+    A file that imports a sibling by name (``from forja_files import ...``) needs that sibling
+    loaded first under its own stem; the caller does that.
+    """
+    path = path_of(stem)
+    name = module_name or stem
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None or not path.is_file():
+        raise errors.ConfigError(
+            stem,
+            f"{path} does not exist; run forja from its checkout or set FORJA_ROOT to the folder "
+            "that holds playbooks/ and plugins/",
+        )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module

@@ -200,8 +200,13 @@ function drawCharts(name) {
     for (const id of ["chart-loss", "chart-speed", "chart-util"]) document.getElementById(id).replaceChildren();
     const room = document.getElementById("charts").clientWidth - 2 * 12 - 3 * 18;  // gaps, padding, borders
     const width = Math.max(300, Math.floor(room / 3));
+    // Tick labels with 3 significant digits (a loss near 0.001 keeps its digits; a rate of 14,322
+    // samples/s reads as such), thousands separated.
+    const tick = (v) => (v === null ? "" : Math.abs(v) >= 1000 ? Math.round(v).toLocaleString()
+      : Number(v.toPrecision(3)).toString());
     const opts = (title, xTime, series, y = {}) => ({
       width, height: 220, scales: { x: { time: xTime }, y },
+      axes: [{}, { size: 60, values: (u, splits) => splits.map(tick) }],
       series: [{ label: xTime ? "time" : "step" }, ...series.map(([label, color]) => ({ label, stroke: color, width: 2, spanGaps: true }))],
     });
     state.charts = {

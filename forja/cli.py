@@ -223,22 +223,8 @@ def verb(
 
 
 # -- printing -----------------------------------------------------------------------------------
-def _jsonable(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        # A RunResult's raw event list is for callers in Python, not for --json output.
-        fields = [f.name for f in dataclasses.fields(obj) if f.name != "events"]
-        return {name: _jsonable(getattr(obj, name)) for name in fields}
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, Path):
-        return str(obj)
-    return obj
-
-
 def _emit_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(_jsonable(obj), indent=2, default=str) + "\n")
+    sys.stdout.write(json.dumps(fmt.plain(obj, drop=("events",)), indent=2, default=str) + "\n")
 
 
 def _steps(step: int | None, total: int | None) -> str:

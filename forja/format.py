@@ -8,6 +8,10 @@ pure and total: None (a figure nobody reported) prints as an empty cell, never a
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+from typing import Any
+
 # Loss, money, throughput and duration: their one home is trainer.figures, because the trainer's own
 # log line needs them on a host without forja (the trainer imports nothing of forja; forja may import
 # the trainer's standard-library modules, as it does trainer.summary).
@@ -15,7 +19,7 @@ from trainer.figures import MISSING, duration, hourly, loss, money, per_second
 from trainer.figures import as_number as _number
 
 __all__ = ["MISSING", "SUMMARY_FORMATS", "count", "duration", "field", "hourly", "loss", "money",
-           "per_second", "percent", "timestamp"]
+           "per_second", "percent", "plain", "timestamp"]
 
 
 def percent(fraction: float | None) -> str:
@@ -73,3 +77,19 @@ def field(name: str, value: object) -> str:
     if formatter is None or _number(value) is None:  # type: ignore[arg-type]
         return str(value)
     return formatter(value)  # type: ignore[operator]
+
+
+def plain(obj: Any, drop: tuple[str, ...] = ()) -> Any:
+    """Plain JSON data from dataclasses, dicts, tuples and paths: what ``--json`` prints and
+    ``forja ui`` serves (full precision: the rounding above is for people only). Dataclass fields
+    named in ``drop`` are left out (the CLI drops a RunResult's raw ``events``, kept for Python)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        names = [f.name for f in dataclasses.fields(obj) if f.name not in drop]
+        return {name: plain(getattr(obj, name), drop) for name in names}
+    if isinstance(obj, dict):
+        return {str(k): plain(v, drop) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [plain(v, drop) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj

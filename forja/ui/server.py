@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import hmac
 import secrets
 import socket
@@ -45,6 +44,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from forja import errors
+from forja.format import plain
 from forja.ui import views
 
 if TYPE_CHECKING:
@@ -71,19 +71,6 @@ HEADERS = {
     "x-content-type-options": "nosniff",
     "cache-control": "no-store",
 }
-
-
-def _json(value: Any) -> Any:
-    """Plain JSON data from dataclasses, tuples and paths."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return _json(dataclasses.asdict(value))
-    if isinstance(value, dict):
-        return {str(k): _json(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    return value
 
 
 class Dashboard:
@@ -178,7 +165,7 @@ class Dashboard:
             usd = cost.total_usd if not isinstance(cost, str) else record.cost_usd
             events = self.forja.history.events(record.run_id)
             rows.append({
-                **_json(record),
+                **plain(record),
                 "cost_usd": usd,
                 "shown": views.run_row(record, usd),
                 "zone_moves": sum(1 for e in events if e.kind == "zone_moved"),
@@ -193,9 +180,9 @@ class Dashboard:
         cost = self._cost(record)
         files = RunFiles.read(record.artifact_dir)
         return {
-            "record": _json(record),
-            "events": [{**_json(e), "shown": views.event(e)} for e in self.forja.history.events(run_id)],
-            "cost": cost if isinstance(cost, str) else {**_json(cost), "shown": views.cost(cost)},
+            "record": plain(record),
+            "events": [{**plain(e), "shown": views.event(e)} for e in self.forja.history.events(run_id)],
+            "cost": cost if isinstance(cost, str) else {**plain(cost), "shown": views.cost(cost)},
             "summary": files.summary,
             "plots": [p.name for p in self.plots(record)],
         }

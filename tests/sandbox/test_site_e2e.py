@@ -400,7 +400,7 @@ def test_data_in_and_a_live_run_watched_through_the_tunnel(
         config.write_text(yaml.safe_dump({**base, "steps": 60, "out_dir": f"runs/{name}",
                                           "data_args": {**base["data_args"], "source": source}}))
         trained = _forja("--json", "train", str(config), "--project", str(project),
-                         "--name", f"shards-{name}")
+                         "--name", f"shards-{name}", cwd=project)  # results under project/forja-runs
         assert trained.returncode == 0, f"{name}: " + trained.stdout[-3000:] + trained.stderr[-2000:]
         assert json.loads(trained.stdout)["summary"]["status"] == "completed", trained.stdout[-2000:]
 
@@ -408,7 +408,8 @@ def test_data_in_and_a_live_run_watched_through_the_tunnel(
     digits = yaml.safe_load((ROOT / "trainer" / "configs" / "digits.yaml").read_text())
     config.write_text(yaml.safe_dump({**digits, "steps": 200000, "log_every_steps": 20,
                                       "out_dir": f"runs/{LIVE_RUN}"}))
-    sent = _forja("train", str(config), "--project", str(project), "--name", LIVE_RUN, "--detach")
+    sent = _forja("train", str(config), "--project", str(project), "--name", LIVE_RUN, "--detach",
+                  cwd=project)
     assert sent.returncode == 0, sent.stdout[-3000:] + sent.stderr[-2000:]
     ui = None
     try:
@@ -423,7 +424,7 @@ def test_data_in_and_a_live_run_watched_through_the_tunnel(
             assert top.returncode == 0 and LIVE_RUN in top.stdout, top.stdout[-2000:] + top.stderr[-2000:]
 
             log = tmp_path / "ui.log"
-            ui = subprocess.Popen([FORJA, "ui", "--port", "0"], cwd=ROOT, stdout=log.open("wb"),
+            ui = subprocess.Popen([FORJA, "ui", "--port", "0"], cwd=project, stdout=log.open("wb"),
                                   stderr=subprocess.STDOUT,
                                   env=dict(os.environ, FORJA_INVENTORY=str(INVENTORY)))
             found = _wait_for(lambda: re.search(r"(http://127\.0\.0\.1:\d+/)\?token=(\S+)", log.read_text()),
@@ -455,7 +456,7 @@ def test_data_in_and_a_live_run_watched_through_the_tunnel(
                 ui.kill()
         stopped = _forja("stop", LIVE_RUN)
     assert stopped.returncode == 0, stopped.stdout[-2000:] + stopped.stderr[-2000:]
-    priced = _forja("--json", "cost", "--run", "shards-streamed")
+    priced = _forja("--json", "cost", "--run", "shards-streamed", cwd=project)
     assert priced.returncode == 0, priced.stdout[-2000:] + priced.stderr[-2000:]
     assert json.loads(priced.stdout)["total_usd"] > 0, priced.stdout
 

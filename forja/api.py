@@ -1044,9 +1044,12 @@ class Forja:
         mine = next((i for i in found if i.get("name") in record.hosts), None)
         if mine is None and len(found) == 1 and not record.hosts:
             mine = found[0]
+        # The folder the history recorded; a run recorded without one (site.yml's, found on a host)
+        # may still have been fetched to the default place since (`forja fetch RUN`).
+        folder = record.artifact_dir or self._read_results(record.run_id)[1]
         try:
             table = load_prices(Path(prices) if prices else None)
-            return run_cost(record, self.history.events(record.run_id), RunFiles.read(record.artifact_dir),
+            return run_cost(record, self.history.events(record.run_id), RunFiles.read(folder),
                             table, moment, mine)
         except (PriceError, ValueError) as exc:
             raise errors.ConfigError("run/instances/prices", str(exc)) from exc

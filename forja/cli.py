@@ -829,8 +829,9 @@ def _show_run_cost(ctx: typer.Context, found: Any) -> None:
                   caption=f"rate {fmt.hourly(found.usd_per_hour)}: {found.rate_source}")
     for column in ("part", "time", "cost", "share"):
         table.add_column(column, justify="left" if column == "part" else "right")
-    for part in found.parts:
-        share = part.seconds / found.up_s if part.seconds is not None and found.up_s else None
+    known = [part for part in found.parts if part.seconds is not None]
+    for part in known:  # the split comes from the fetched results; without them there is none
+        share = part.seconds / found.up_s if found.up_s else None
         table.add_row(part.name.replace("_", " "), fmt.duration(part.seconds), fmt.money(part.usd),
                       fmt.percent(share))
     table.add_row("VM up for the run", fmt.duration(found.up_s), fmt.money(found.vm_usd), "",
@@ -840,6 +841,9 @@ def _show_run_cost(ctx: typer.Context, found: Any) -> None:
     table.add_row("disk, the whole time", fmt.duration(found.span_s), fmt.money(found.disk_usd) or "?", "")
     table.add_row("[bold]total[/]", "", f"[bold]{fmt.money(found.total_usd)}[/]", "")
     out.print(table)
+    if not known:
+        out.print(f"no split into setup, compute, data wait and evaluation: the run's results are not on "
+                  f"this machine (fetch them with `forja fetch {found.run_id}`)")
     if found.disk_usd is None:
         out.print("the disk is not counted: no record of the run's VM (name the inventory or --instances)")
     if found.trainer_usd is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from datetime import datetime, timedelta
@@ -182,3 +183,26 @@ def test_forja_train_shows_the_estimate_before_it_sends_the_run(ran: dict[str, A
     for words in ("cost estimate: 60 steps", "measured by digits-a", "$0.56/h"):
         assert words in estimate, words
     assert "forja-l4" in after, "the estimate comes first, then the attempt to send"
+
+
+def test_a_run_recorded_without_its_folder_is_split_once_fetched_to_the_default_place(
+    ran: dict[str, Any],
+) -> None:
+    """site.yml's runs enter the history from the host's state, with no results folder: the split
+    comes as soon as `forja fetch` has put them where forja looks (<project>/forja-runs/<run>/<host>);
+    before that the table says why it has no split instead of showing empty rows."""
+    history: History = ran["history"]
+    record = history.start("digits-b", name="digits-b", hosts=["forja-l4"], config_path=str(ran["config"]))
+    ended = datetime.fromisoformat(record.started_at) + timedelta(seconds=SPAN_S)
+    history.update("digits-b", status="completed", ended_at=ended.isoformat())
+    instances = ran["root"] / "vm-b.yml"
+    instances.write_text(yaml.safe_dump([VM]))
+    shown = cli(ran, "cost", "--run", "digits-b", "--instances", str(instances))
+    assert shown.returncode == 0, shown.stderr
+    said = " ".join(shown.stdout.split())
+    assert "no split into setup" in said and "forja fetch digits-b" in said, said
+    assert "data wait" not in said.split("no split")[0], "no empty rows for parts nobody measured"
+
+    shutil.copytree(ran["out"], ran["root"] / "forja-runs" / "digits-b" / "forja-l4")
+    seconds = {p.name: p.seconds for p in ran["forja"].run_cost("digits-b", [VM]).parts}
+    assert seconds["compute"] and seconds["evaluation"], seconds

@@ -21,7 +21,7 @@ import psutil
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
-from trainer_helpers import subprocess_env, tiny_digits
+from trainer_helpers import subprocess_env, tiny_digits, until
 from typer.testing import CliRunner
 
 from forja import live
@@ -70,16 +70,6 @@ def _held_port_block(count: int) -> tuple[socket.socket, int]:
             return holder, base
         holder.close()
     raise AssertionError("no block of free ports")
-
-
-def until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = predicate()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
-from trainer_helpers import subprocess_env, tiny_digits
+from trainer_helpers import subprocess_env, tiny_digits, until
 
 from forja import live
 
@@ -47,16 +47,6 @@ def agent_config(runs: Path, **over: Any) -> dict[str, Any]:
     return {**agent.DEFAULTS, "jupyter_url": "http://127.0.0.1:1", "jupyter_token_file": "/nonexistent",
             "train_unit_pattern": PATTERN, "run_dir": str(runs), "state_dir": str(runs.parent / "autostop"),
             "stall_after_s": STALL_S, **over}  # fmt: skip
-
-
-def until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = predicate()
-        if found:
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 @contextmanager

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -26,3 +27,25 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The sandbox's Cloud Storage emulator, one per test module (imported here only when asked for)."""
+    from forja_sandbox.storage_emulator import StorageEmulator
+
+    with StorageEmulator(data_dir=tmp_path_factory.mktemp("gcs")) as running:
+        yield running
+
+
+@pytest.fixture
+def bucket(emulator: Any, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Any:
+    """A new bucket for each test, on the module's emulator, with the trainer's mirror settings
+    cleared (a test names its own bucket URL) and the run named "run"."""
+    storage = pytest.importorskip("google.cloud.storage")
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", emulator.url)
+    monkeypatch.delenv("FORJA_CHECKPOINT_BUCKET", raising=False)
+    monkeypatch.setenv("FORJA_RUN", "run")
+    name = request.node.name.lower().replace("_", "-")[:50].strip("-")
+    return storage.Client().create_bucket(name)
+

@@ -13,13 +13,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from trainer_helpers import REPO, subprocess_env, tiny_digits
+from trainer_helpers import REPO, objects, subprocess_env, tiny_digits
 
 from forja_sandbox.storage_emulator import StorageEmulator
 from trainer import runlib
@@ -29,26 +28,6 @@ from trainer.mirror import LOG_FILES, MARKER_SUFFIX, PARTIAL, CheckpointMirror, 
 from trainer.train import train
 
 storage = pytest.importorskip("google.cloud.storage")
-
-
-@pytest.fixture(scope="module")
-def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StorageEmulator]:
-    with StorageEmulator(data_dir=tmp_path_factory.mktemp("gcs")) as running:
-        yield running
-
-
-@pytest.fixture
-def bucket(emulator: StorageEmulator, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Any:
-    """A new bucket for each test, on the module's emulator."""
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", emulator.url)
-    monkeypatch.delenv("FORJA_CHECKPOINT_BUCKET", raising=False)
-    monkeypatch.setenv("FORJA_RUN", "run")
-    name = request.node.name.lower().replace("_", "-")[:50].strip("-")
-    return storage.Client().create_bucket(name)
-
-
-def objects(bucket: Any, prefix: str) -> dict[str, bytes]:
-    return {b.name: b.download_as_bytes() for b in bucket.client.list_blobs(bucket.name, prefix=prefix)}
 
 
 def events(run: Path, kind: str) -> list[dict[str, Any]]:

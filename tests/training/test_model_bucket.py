@@ -10,12 +10,11 @@ import hashlib
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from trainer_helpers import REPO, subprocess_env, tiny_digits
+from trainer_helpers import REPO, objects, subprocess_env, tiny_digits
 
 from forja_sandbox.storage_emulator import StorageEmulator
 from trainer.config import validate
@@ -23,25 +22,6 @@ from trainer.export import CONFIG, WEIGHTS
 from trainer.train import train
 
 storage = pytest.importorskip("google.cloud.storage")
-
-
-@pytest.fixture(scope="module")
-def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StorageEmulator]:
-    with StorageEmulator(data_dir=tmp_path_factory.mktemp("gcs")) as running:
-        yield running
-
-
-@pytest.fixture
-def bucket(emulator: StorageEmulator, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Any:
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", emulator.url)
-    monkeypatch.delenv("FORJA_CHECKPOINT_BUCKET", raising=False)
-    monkeypatch.setenv("FORJA_RUN", "run")
-    name = request.node.name.lower().replace("_", "-")[:50].strip("-")
-    return storage.Client().create_bucket(name)
-
-
-def objects(bucket: Any, prefix: str) -> dict[str, bytes]:
-    return {b.name: b.download_as_bytes() for b in bucket.client.list_blobs(bucket.name, prefix=prefix)}
 
 
 def test_a_finished_run_puts_its_model_beside_its_checkpoints_with_model_json_vouching_for_it(

@@ -12,7 +12,6 @@ import hashlib
 import json
 import re
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +26,6 @@ from trainer.errors import UserCodeError
 from trainer.train import train
 
 storage = pytest.importorskip("google.cloud.storage")
-
-
-@pytest.fixture(scope="module")
-def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StorageEmulator]:
-    with StorageEmulator(data_dir=tmp_path_factory.mktemp("gcs")) as running:
-        yield running
 
 
 @pytest.fixture(scope="module")

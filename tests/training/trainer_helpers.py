@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,3 +39,20 @@ def tiny_digits(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
     }
     raw.update(overrides)
     return raw
+
+
+def objects(bucket: Any, prefix: str) -> dict[str, bytes]:
+    """Every object of ``bucket`` under ``prefix``, name to bytes."""
+    return {b.name: b.download_as_bytes() for b in bucket.client.list_blobs(bucket.name, prefix=prefix)}
+
+
+def until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll ``predicate`` until it returns something true (that value), else fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+

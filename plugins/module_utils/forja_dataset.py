@@ -617,6 +617,37 @@ def check_space(name: str, dest: str, missing: list[dict[str, Any]], reserve_byt
     return need
 
 
+def _plan(name: str, manifest: dict[str, Any], dest_root: str,
+          threads: int) -> tuple[StageResult, str, list[dict[str, Any]], list[str], bytes]:
+    """What staging ``manifest`` at <dest_root>/<name> finds: the result to fill, the marker's path,
+    the missing or altered files, the files the manifest does not list, and the marker's bytes."""
+    dest = os.path.join(dest_root, name)
+    files = {item["path"]: item for item in manifest["files"]}
+    result = StageResult(name=name, dest=dest, files=len(files),
+                         total_size=int(manifest.get("total_size", 0)))
+    missing, extra = compare(dest, files, threads)
+    body = json.dumps(manifest, indent=1, sort_keys=True).encode()
+    return result, os.path.join(dest, STAGED_MARKER), missing, extra, body
+
+
+def _unmark(dest: str, marker: str, extra: list[str]) -> None:
+    """Before files change: the marker goes first (a cut-short staging never looks complete), then
+    the files the manifest does not list."""
+    if os.path.exists(marker):
+        os.unlink(marker)
+    os.makedirs(dest, mode=0o755, exist_ok=True)
+    for rel in extra:
+        os.unlink(os.path.join(dest, rel))
+
+
+def _mark(marker: str, body: bytes) -> None:
+    """The staged manifest copy, written last and renamed into place."""
+    tmp_marker = f"{marker}.tmp"
+    with open(tmp_marker, "wb") as fh:
+        fh.write(body)
+    os.replace(tmp_marker, marker)
+
+
 def stage(
     bucket: str,
     name: str,
@@ -638,28 +669,18 @@ def stage(
     check_name(name)
     store = _Store(bucket, emulator, timeout, token_url)
     manifest = read_manifest(store, name)
-    dest = os.path.join(dest_root, name)
-    marker = os.path.join(dest, STAGED_MARKER)
-    files = {item["path"]: item for item in manifest["files"]}
-    result = StageResult(name=name, dest=dest, files=len(files),
-                         total_size=int(manifest.get("total_size", 0)))
-
-    missing, extra = compare(dest, files, threads)
+    result, marker, missing, extra, body = _plan(name, manifest, dest_root, threads)
+    dest = result.dest
     need = check_space(name, dest, missing, reserve_bytes)
     result.downloaded = sorted(item["path"] for item in missing)
     result.downloaded_bytes = need
     result.removed = sorted(extra)
-    body = json.dumps(manifest, indent=1, sort_keys=True).encode()
     if not result.changed and _same_bytes(marker, body):
         return result
     if check_mode:
         result.marker_written = True
         return result
-    if os.path.exists(marker):
-        os.unlink(marker)
-    os.makedirs(dest, mode=0o755, exist_ok=True)
-    for rel in extra:
-        os.unlink(os.path.join(dest, rel))
+    _unmark(dest, marker, extra)
 
     def fetch(item: dict[str, Any]) -> None:
         local = os.path.join(dest, item["path"])
@@ -687,10 +708,7 @@ def stage(
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
         for future in [pool.submit(fetch, item) for item in missing]:
             future.result()
-    tmp_marker = f"{marker}.tmp"
-    with open(tmp_marker, "wb") as fh:
-        fh.write(body)
-    os.replace(tmp_marker, marker)
+    _mark(marker, body)
     result.marker_written = True
     return result
 
@@ -730,24 +748,15 @@ def stage_local(
             manifest = check_manifest(json.load(fh), name, manifest_file)
     except (OSError, ValueError) as exc:
         raise DatasetError("manifest", f"cannot read {manifest_file} ({exc}); push again") from None
-    dest = os.path.join(dest_root, name)
-    marker = os.path.join(dest, STAGED_MARKER)
-    files = {item["path"]: item for item in manifest["files"]}
-    result = StageResult(name=name, dest=dest, files=len(files),
-                         total_size=int(manifest.get("total_size", 0)))
-    missing, extra = compare(dest, files, threads)
-    body = json.dumps(manifest, indent=1, sort_keys=True).encode()
+    result, marker, missing, extra, body = _plan(name, manifest, dest_root, threads)
+    dest = result.dest
     if phase == "prepare":
         result.downloaded_bytes = check_space(name, dest, missing, reserve_bytes)
         result.downloaded = sorted(item["path"] for item in missing)
         result.removed = extra
         if check_mode or not (missing or extra):
             return result
-        if os.path.exists(marker):
-            os.unlink(marker)
-        os.makedirs(dest, mode=0o755, exist_ok=True)
-        for rel in extra:
-            os.unlink(os.path.join(dest, rel))
+        _unmark(dest, marker, extra)
         return result
     if missing:
         raise TransferError("checksum", f"{', '.join(sorted(i['path'] for i in missing)[:10])} in {dest} "
@@ -760,8 +769,5 @@ def stage_local(
     if check_mode:
         return result
     shutil.rmtree(os.path.join(dest, PARTIAL_DIR), ignore_errors=True)
-    tmp_marker = f"{marker}.tmp"
-    with open(tmp_marker, "wb") as fh:
-        fh.write(body)
-    os.replace(tmp_marker, marker)
+    _mark(marker, body)
     return result

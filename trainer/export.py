@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trainer
+from trainer.gcs import storage_client
 
 if TYPE_CHECKING:  # torch is imported where tensors are handled: forja reads model.json without it
     import torch
@@ -337,11 +338,9 @@ def upload_model(folder: Path, url: str, run: str, timeout_s: float = 120.0) -> 
     ``.partial/`` name and copied into place, then model.json (whose sha256 vouches for them).
     A reader that finds model.json finds the weights it describes.
     """
-    from google.cloud import storage
-
     info = verify(folder)
     bucket_name, prefix = model_prefix(url, run)
-    bucket = storage.Client().bucket(bucket_name)
+    bucket = storage_client().bucket(bucket_name)
     marker = bucket.blob(prefix + CONFIG)
     with contextlib.suppress(Exception):  # absent the first time (NotFound)
         marker.delete(timeout=timeout_s)

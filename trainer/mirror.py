@@ -68,6 +68,7 @@ from trainer.checkpoint import (
     fsync_dir,
     verify_checkpoint,
 )
+from trainer.gcs import storage_client
 
 log = logging.getLogger(__name__)
 
@@ -256,13 +257,13 @@ class CheckpointMirror:
         with self._client_lock:
             if self._bucket_obj is None:
                 try:
-                    from google.cloud import storage
+                    client = storage_client()
                 except ImportError as exc:
                     raise RuntimeError(
                         f"checkpoint_bucket {self.url} needs google-cloud-storage "
                         "(pip install -r trainer/requirements.txt)"
                     ) from exc
-                self._bucket_obj = storage.Client().bucket(self.bucket_name)
+                self._bucket_obj = client.bucket(self.bucket_name)
             return self._bucket_obj
 
     # -- reading: what the bucket holds, pulled only when verified --------------------------------------

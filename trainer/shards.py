@@ -57,6 +57,7 @@ from torch.utils.data import default_collate
 from trainer.config import ConfigError
 from trainer.data import BatchPlan, StepSource, StreamPosition, epoch_seed
 from trainer.errors import UserCodeError
+from trainer.gcs import storage_client
 
 log = logging.getLogger(__name__)
 
@@ -141,9 +142,7 @@ class BucketSource:
         """The bucket, with a client made in this process: a forked worker must not share the
         parent's connections (trainer.mirror builds its client the same way: STORAGE_EMULATOR_HOST)."""
         if self._bucket is None or self._pid != os.getpid():
-            from google.cloud import storage
-
-            self._bucket, self._pid = storage.Client().bucket(self.bucket_name), os.getpid()
+            self._bucket, self._pid = storage_client().bucket(self.bucket_name), os.getpid()
         return self._bucket
 
     def __getstate__(self) -> dict[str, Any]:  # spawn/forkserver workers: a new client there too

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -92,6 +93,25 @@ def test_resume_from_the_bucket_with_the_disk_wiped_equals_the_local_resume(
     assert from_bucket.state["step"] == from_disk.state["step"] == 30
     for key in ("model", "optimizer", "scheduler", "rng"):
         assert tensors_equal(from_bucket.state[key], from_disk.state[key]), key
+
+
+def test_the_mirrors_uploads_leave_the_runs_python_random_state_alone(tmp_path: Path, bucket: Any) -> None:
+    """The client draws each multipart boundary from a generator: never the run's own, or the state a
+    checkpoint saves would depend on when the network let an upload through (trainer/gcs.py)."""
+    ckpts = CheckpointManager(tmp_path / "ckpts")
+    mirror = CheckpointMirror(f"gs://{bucket.name}/exp", "run", run_dir=tmp_path)
+    (tmp_path / "events.jsonl").write_text('{"event": "start"}\n')
+    assert mirror.restore_logs() == []  # this disk's logs are the run's: they go up from now on
+    random.seed(7)
+    before = random.getstate()
+    for step in (1, 2, 3):  # each: the checkpoint, its marker and the logs, from the mirror's thread
+        mirror.submit(ckpts.save({"step": step, "model": {"w": torch.arange(64.0)}}, step), step)
+        assert mirror.wait(60)
+    (tmp_path / "events.jsonl").write_text('{"event": "start"}\n{"event": "end"}\n')
+    assert mirror.upload_logs()  # and from this thread
+    assert mirror.close(60)
+    assert len(objects(bucket, "exp/run/checkpoints/")) >= 2 and objects(bucket, "exp/run/logs/")
+    assert random.getstate() == before
 
 
 def test_an_object_without_a_valid_marker_is_never_taken(tmp_path: Path, bucket: Any) -> None:

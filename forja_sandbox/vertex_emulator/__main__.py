@@ -1,0 +1,33 @@
+"""Run the emulator as a process: `python -m forja_sandbox.vertex_emulator --port P --work-dir D`.
+
+Prints its URL (the client's ``api_endpoint``) and serves until SIGINT/SIGTERM, which cancel every
+job still going first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from pathlib import Path
+
+from .emulator import VertexEmulator
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m forja_sandbox.vertex_emulator", description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    parser.add_argument("--port", type=int, default=0, help="port to bind (default: any free port)")
+    parser.add_argument("--work-dir", type=Path, help="where replica logs go (default: a temporary folder)")
+    args = parser.parse_args(argv)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    with VertexEmulator(args.host, args.port, args.work_dir) as emulator:
+        print(emulator.url, flush=True)
+        stop.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

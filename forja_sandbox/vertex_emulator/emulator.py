@@ -1,0 +1,71 @@
+"""`VertexEmulator`: the object tests and the sandbox hold, a context manager like the others.
+
+It binds a loopback HTTP port at construction (so ``url`` is known at once), serves on a background
+thread after ``start()``, and on ``stop()`` cancels every job still going, so no replica process
+outlives it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+from types import TracebackType
+
+from .jobs import Job, JobStore
+from .server import VertexHTTPServer
+
+
+class VertexEmulator:
+    """A local Vertex AI API (CustomJob create/get/list/cancel) on a real loopback HTTP port.
+
+    ``work_dir`` holds each job's replica logs (``jobs/<id>/workerpool<p>-<i>.log``) and installed
+    packages; None: a temporary folder, removed on stop.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, work_dir: Path | None = None) -> None:
+        self._own_dir = work_dir is None
+        self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="forja-vertex-")).resolve()
+        self.store = JobStore(self.work_dir)
+        self._server = VertexHTTPServer((host, port), self)
+        self.host = host
+        self.port = int(self._server.server_address[1])
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        """The value for the client's ``api_endpoint`` (scheme, host, port)."""
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> VertexEmulator:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._server.serve_forever, name="vertex-emulator", kwargs={"poll_interval": 0.1},
+                daemon=True,
+            )  # fmt: skip
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Cancel what runs, stop serving, release the port (and the temporary folder)."""
+        self.store.stop_all()
+        if self._thread is not None:
+            self._server.shutdown()
+            self._thread.join(timeout=5)
+            self._thread = None
+        self._server.server_close()
+        if self._own_dir:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    def job(self, name: str) -> Job:
+        """The emulator's record of a job (its replicas' processes and logs), for tests."""
+        return self.store.job(name)
+
+    def __enter__(self) -> VertexEmulator:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

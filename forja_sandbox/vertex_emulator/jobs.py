@@ -1,0 +1,328 @@
+"""CustomJobs held in memory, each driven through Vertex's JobState by its own thread.
+
+Every replica of every worker pool is a real local process (no VM, no image): a pythonPackageSpec
+runs ``python -m <pythonModule> <args>`` with its packages importable, a containerSpec runs its
+``command + args`` as a plain command. Each gets the environment Vertex gives a replica
+(CLUSTER_SPEC, the AIP_* output folders, and PyTorch's MASTER_ADDR/MASTER_PORT/WORLD_SIZE/RANK),
+with every address on 127.0.0.1 and a port of its own. The job ends as Vertex's does: SUCCEEDED
+when the primary replica (workerpool0, replica 0) exits 0 and no replica failed, FAILED when a
+replica exits non-zero (the others are stopped), CANCELLED after a cancel stops them all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from google.cloud.aiplatform_v1.types import CustomJob, JobState, WorkerPoolSpec
+from google.protobuf import timestamp_pb2
+from google.rpc import status_pb2
+
+from forja_sandbox.storage_emulator import free_port
+
+from .errors import failed_precondition, not_found
+
+#: Seconds a job stays QUEUED, then PENDING, so a client polling sees Vertex's order of states.
+STEP_S = 0.05
+#: After the primary replica succeeds, how long the others get to exit on their own.
+PEERS_GRACE_S = 10.0
+#: After SIGTERM (cancel, failure, timeout), how long a replica gets before SIGKILL.
+STOP_GRACE_S = 3.0
+#: Vertex's first job ids are large numbers; the emulator counts up from one of that size.
+_IDS = itertools.count(1_000_000_000_000_000_000)
+TERMINAL = {
+    JobState.JOB_STATE_SUCCEEDED, JobState.JOB_STATE_FAILED, JobState.JOB_STATE_CANCELLED,
+}  # fmt: skip
+
+
+def _now() -> timestamp_pb2.Timestamp:
+    stamp = timestamp_pb2.Timestamp()
+    stamp.GetCurrentTime()
+    return stamp
+
+
+def _status(code: int, message: str) -> status_pb2.Status:
+    return status_pb2.Status(code=code, message=message)
+
+
+@dataclass
+class Replica:
+    """One process of one worker pool: ``workerpool<pool>-<index>`` in Vertex's logs."""
+
+    pool: int
+    index: int
+    rank: int
+    port: int
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def label(self) -> str:
+        return f"workerpool{self.pool}-{self.index}"
+
+
+@dataclass
+class Job:
+    """A CustomJob (Google's message, the answer to get/list) plus the emulator's bookkeeping."""
+
+    proto: CustomJob
+    region: str
+    folder: Path
+    replicas: list[Replica] = field(default_factory=list)
+    cancel_asked: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def snapshot(self) -> CustomJob:
+        with self.lock:
+            return CustomJob(CustomJob.pb(self.proto).__deepcopy__())
+
+    def set_state(self, state: JobState, error: status_pb2.Status | None = None) -> None:
+        with self.lock:
+            if self.proto.state == JobState.JOB_STATE_CANCELLING and state not in TERMINAL:
+                return  # a cancel arrived meanwhile: the driver sees it at its next step
+            self.proto.state = state
+            now = _now()
+            self.proto.update_time = now
+            if state == JobState.JOB_STATE_RUNNING:
+                self.proto.start_time = now
+            if state in TERMINAL:
+                self.proto.end_time = now
+            if error is not None:
+                CustomJob.pb(self.proto).error.CopyFrom(error)
+
+
+class JobStore:
+    """All jobs of one emulator, by full resource name, in creation order."""
+
+    def __init__(self, work_dir: Path) -> None:
+        self.work_dir = work_dir
+        self._jobs: dict[str, Job] = {}
+        self._lock = threading.Lock()
+
+    def create(self, project: str, region: str, proto: CustomJob) -> CustomJob:
+        job_id = str(next(_IDS))
+        name = f"projects/{project}/locations/{region}/customJobs/{job_id}"
+        for output in ("name", "state", "create_time", "start_time", "end_time", "update_time", "error"):
+            delattr(proto, output)  # output-only fields: whatever the client sent is ignored
+        proto.name = name
+        proto.state = JobState.JOB_STATE_QUEUED
+        proto.create_time = proto.update_time = _now()
+        job = Job(proto=proto, region=region, folder=self.work_dir / "jobs" / job_id)
+        job.folder.mkdir(parents=True)
+        with self._lock:
+            self._jobs[name] = job
+        threading.Thread(target=_drive, args=(job,), name=f"vertex-job-{job_id}", daemon=True).start()
+        return job.snapshot()
+
+    def job(self, name: str) -> Job:
+        with self._lock:
+            found = self._jobs.get(name)
+        if found is None:
+            raise not_found(f'CustomJob "{name}"')
+        return found
+
+    def list(self, parent: str) -> list[Job]:
+        with self._lock:
+            return [j for n, j in self._jobs.items() if n.startswith(parent + "/customJobs/")]
+
+    def cancel(self, name: str) -> None:
+        job = self.job(name)
+        with job.lock:
+            state = job.proto.state
+            if state in TERMINAL or state == JobState.JOB_STATE_CANCELLING:
+                raise failed_precondition(
+                    f"Cannot cancel the CustomJob {name}: it is in state {JobState(state).name}."
+                )
+            job.proto.state = JobState.JOB_STATE_CANCELLING
+            job.proto.update_time = _now()
+        job.cancel_asked.set()
+
+    def stop_all(self, timeout: float = STOP_GRACE_S + 2) -> None:
+        """Cancel every job still going and wait for its processes (the emulator is stopping)."""
+        with self._lock:
+            jobs = list(self._jobs.values())
+        for job in jobs:
+            with contextlib.suppress(Exception):
+                self.cancel(job.proto.name)
+        for job in jobs:
+            job.done.wait(timeout)
+
+
+# -- one job's life ----------------------------------------------------------------------------
+def _drive(job: Job) -> None:
+    try:
+        _run(job)
+    except Exception as exc:  # the emulator's own bug: the job fails visibly, not silently
+        _stop_replicas(job)
+        job.set_state(JobState.JOB_STATE_FAILED, _status(13, f"Internal error in the emulator: {exc!r}"))
+    finally:
+        job.done.set()
+
+
+def _run(job: Job) -> None:
+    if job.cancel_asked.wait(STEP_S):
+        return _cancelled(job)
+    job.set_state(JobState.JOB_STATE_PENDING)
+    if job.cancel_asked.wait(STEP_S):
+        return _cancelled(job)
+    try:
+        _start_replicas(job)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        _stop_replicas(job)
+        detail = (
+            exc.stderr.decode(errors="replace") if isinstance(exc, subprocess.CalledProcessError) else exc
+        )
+        return job.set_state(JobState.JOB_STATE_FAILED, _status(3, f"A replica could not start: {detail}"))
+    job.set_state(JobState.JOB_STATE_RUNNING)
+    spec = job.proto.job_spec
+    timeout = spec.scheduling.timeout if "scheduling" in spec else None
+    timeout_s = timeout.total_seconds() if timeout else 0
+    deadline = time.monotonic() + timeout_s if timeout_s else None
+    primary = job.replicas[0]
+    while not job.cancel_asked.wait(STEP_S):
+        failed = next((r for r in job.replicas if r.proc and r.proc.poll() not in (None, 0)), None)
+        if failed is not None:
+            _stop_replicas(job)
+            message = f"The replica {failed.label} exited with a non-zero status of {failed.proc.returncode}."  # type: ignore[union-attr]
+            return job.set_state(JobState.JOB_STATE_FAILED, _status(3, message))
+        if primary.proc and primary.proc.poll() == 0:
+            _wait_peers(job)
+            return job.set_state(JobState.JOB_STATE_SUCCEEDED)
+        if deadline is not None and time.monotonic() > deadline:
+            _stop_replicas(job)
+            message = f"The job ran longer than its timeout of {timeout_s:g} s."
+            return job.set_state(JobState.JOB_STATE_FAILED, _status(4, message))
+    return _cancelled(job)
+
+
+def _cancelled(job: Job) -> None:
+    _stop_replicas(job)
+    job.set_state(JobState.JOB_STATE_CANCELLED, _status(1, "CANCELED"))
+
+
+def _wait_peers(job: Job) -> None:
+    """The primary is done: the others get PEERS_GRACE_S to finish, then are stopped."""
+    deadline = time.monotonic() + PEERS_GRACE_S
+    while time.monotonic() < deadline and any(r.proc and r.proc.poll() is None for r in job.replicas):
+        time.sleep(STEP_S)
+    _stop_replicas(job)
+
+
+def _stop_replicas(job: Job) -> None:
+    """SIGTERM every replica's process group, SIGKILL what is left after STOP_GRACE_S."""
+    running = [r.proc for r in job.replicas if r.proc and r.proc.poll() is None]
+    for proc in running:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    for proc in running:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+# -- replicas ------------------------------------------------------------------------------------
+def replica_command(pool: WorkerPoolSpec) -> list[str]:
+    """What one replica of ``pool`` runs: the package's module with this Python, or the command."""
+    if "python_package_spec" in pool:
+        spec = pool.python_package_spec
+        return [sys.executable, "-m", spec.python_module, *spec.args]
+    return [*pool.container_spec.command, *pool.container_spec.args]
+
+
+def package_path(uri: str) -> Path:
+    """A package URI as a local path (``file://`` or a plain path; validation refused the rest)."""
+    return Path(uri.removeprefix("file://")).resolve()
+
+
+def _python_path(job: Job, pool: WorkerPoolSpec) -> list[str]:
+    """Folders and wheels to import the pool's packages from; an sdist is pip-installed first."""
+    if "python_package_spec" not in pool:
+        return []
+    paths = []
+    for uri in pool.python_package_spec.package_uris:
+        path = package_path(uri)
+        if path.is_dir() or path.suffix in (".whl", ".zip"):
+            paths.append(str(path))
+            continue
+        target = job.folder / "packages"
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+             "--no-build-isolation", "--target", str(target), str(path)],
+            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        paths.append(str(target))
+    return paths
+
+
+def output_dirs(job: Job) -> dict[str, str]:
+    """AIP_MODEL_DIR, AIP_CHECKPOINT_DIR, AIP_TENSORBOARD_LOG_DIR under baseOutputDirectory, as
+    Vertex sets them (``<prefix>/model/`` ...); a local prefix gets the folders made."""
+    prefix = job.proto.job_spec.base_output_directory.output_uri_prefix
+    if not prefix:
+        return {}
+    dirs = {
+        "AIP_MODEL_DIR": "model/",
+        "AIP_CHECKPOINT_DIR": "checkpoints/",
+        "AIP_TENSORBOARD_LOG_DIR": "logs/",
+    }
+    out = {k: f"{prefix.rstrip('/')}/{v}" for k, v in dirs.items()}
+    if "://" not in prefix:
+        for folder in out.values():
+            Path(folder).mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _start_replicas(job: Job) -> None:
+    pools = list(job.proto.job_spec.worker_pool_specs)
+    rank = 0
+    for p, pool in enumerate(pools):
+        for i in range(pool.replica_count):
+            job.replicas.append(Replica(p, i, rank, free_port(), job.folder / f"workerpool{p}-{i}.log"))
+            rank += 1
+    cluster = {
+        f"workerpool{p}": [f"127.0.0.1:{r.port}" for r in job.replicas if r.pool == p]
+        for p in range(len(pools))
+        if pools[p].replica_count
+    }
+    job_json = json.loads(type(job.proto.job_spec).to_json(job.proto.job_spec, indent=0))
+    common = {
+        "CLOUD_ML_JOB_ID": job.proto.name.rsplit("/", 1)[1],
+        "CLOUD_ML_REGION": job.region,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(job.replicas[0].port),
+        "WORLD_SIZE": str(len(job.replicas)),
+        **output_dirs(job),
+    }
+    for replica in job.replicas:
+        pool = pools[replica.pool]
+        spec = pool.python_package_spec if "python_package_spec" in pool else pool.container_spec
+        env = {**os.environ, **common, **{e.name: e.value for e in spec.env}}
+        env["RANK"] = str(replica.rank)
+        env["CLUSTER_SPEC"] = json.dumps({
+            "cluster": cluster,
+            "environment": "cloud",
+            "task": {"type": f"workerpool{replica.pool}", "index": replica.index},
+            "job": job_json,
+        })  # fmt: skip
+        extra = _python_path(job, pool)
+        if extra:
+            env["PYTHONPATH"] = os.pathsep.join([*extra, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        with replica.log.open("wb") as log:
+            replica.proc = subprocess.Popen(
+                replica_command(pool), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=env, cwd=job.folder, start_new_session=True,
+            )  # fmt: skip

@@ -1,0 +1,151 @@
+"""HTTP front end: the aiplatform v1 REST paths of CustomJob, answered in Google's JSON.
+
+The paths and verbs are those of google.cloud.aiplatform.v1.JobService's HTTP bindings (the same
+URI templates google-cloud-aiplatform's REST transport fills in): create and list on
+``v1/projects/*/locations/*/customJobs``, get on ``.../customJobs/*``, cancel as POST
+``.../customJobs/*:cancel``. Other JobService paths answer 501, unknown paths 404.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socketserver
+import traceback
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from google.cloud.aiplatform_v1.types import CustomJob
+
+from . import catalog, validation
+from .errors import VertexError
+
+if TYPE_CHECKING:
+    from .emulator import VertexEmulator
+
+_PARENT = r"/v1/(?P<parent>projects/(?P<project>[^/]+)/locations/(?P<location>[^/]+))"
+_COLLECTION = re.compile(_PARENT + r"/customJobs$")
+_ONE = re.compile(_PARENT + r"/customJobs/(?P<id>[^/:]+)(?P<verb>:cancel)?$")
+_JOB_SERVICE = re.compile(_PARENT + r"/[a-zA-Z]+Jobs(/|$)")
+#: Google's system parameters, accepted on every call (https://cloud.google.com/apis/docs/system-parameters).
+SYSTEM_PARAMETERS = frozenset({
+    "$alt", "alt", "$fields", "fields", "key", "prettyPrint", "$prettyPrint", "quotaUser", "$quotaUser",
+    "$callback", "callback", "uploadType", "upload_protocol", "access_token",
+})  # fmt: skip
+#: The request fields ListCustomJobsRequest binds from the query; the other methods bind none.
+LIST_PARAMETERS = frozenset({"filter", "pageSize", "pageToken", "readMask"})
+
+
+class VertexHTTPServer(ThreadingHTTPServer):
+    """One thread per connection; binds without a reverse DNS lookup."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], emulator: VertexEmulator) -> None:
+        self.emulator = emulator
+        super().__init__(address, _Handler)
+
+    def server_bind(self) -> None:
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name = str(host)
+        self.server_port = int(port)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: VertexHTTPServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+    def do_GET(self) -> None:
+        self._answer("GET")
+
+    def do_POST(self) -> None:
+        self._answer("POST")
+
+    def do_DELETE(self) -> None:
+        self._answer("DELETE")
+
+    def do_PATCH(self) -> None:
+        self._answer("PATCH")
+
+    def _answer(self, verb: str) -> None:
+        url = urlsplit(self.path)
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        try:
+            code, payload = self._route(verb, unquote(url.path), query, body)
+        except VertexError as exc:
+            code, payload = exc.code, exc.body()
+        except Exception:  # an emulator bug: answer 500 in Google's shape and keep serving
+            traceback.print_exc()
+            code, payload = 500, VertexError(500, "Internal error encountered.").body()
+        data = json.dumps(payload, indent=1).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json; charset=UTF-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _route(self, verb: str, path: str, query: dict[str, str], body: bytes) -> tuple[int, Any]:
+        ints = "enum-encoding=int" in query.get("$alt", "")
+        store = self.server.emulator.store
+        collection = _COLLECTION.match(path)
+        one = _ONE.match(path)
+        match = collection or one
+        if match is None:
+            if _JOB_SERVICE.match(path):
+                raise VertexError(501, f"{verb} {path} is not implemented by the sandbox's Vertex emulator.")
+            raise VertexError(404, f"The requested URL {path} was not found on this server.")
+        allowed = SYSTEM_PARAMETERS | (LIST_PARAMETERS if collection and verb == "GET" else frozenset())
+        for name in sorted(set(query) - allowed):
+            raise validation.bad_payload(
+                f'Unknown name "{name}": Cannot bind query parameter. '
+                f"Field '{name}' could not be found in request message.",
+                name,
+            )
+        region = match["location"]
+        if region not in catalog.regions():
+            raise VertexError(
+                400,
+                f'Location "{region}" is not supported by the sandbox\'s Vertex emulator; '
+                f"use one of {', '.join(sorted(catalog.regions()))}.",
+            )
+        if collection and verb == "POST":
+            job = validation.parse_custom_job(body)
+            validation.check_custom_job(job, region)
+            validation.check_packages(job)
+            return 200, _json(store.create(match["project"], region, job), ints)
+        if collection and verb == "GET":
+            return 200, self._list(match["parent"], query, ints)
+        name = f"{match['parent']}/customJobs/{match['id']}"
+        if one and one["verb"] and verb == "POST":
+            store.cancel(name)
+            return 200, {}
+        if one and not one["verb"] and verb == "GET":
+            return 200, _json(store.job(name).snapshot(), ints)
+        raise VertexError(501, f"{verb} {path} is not implemented by the sandbox's Vertex emulator.")
+
+    def _list(self, parent: str, query: dict[str, str], ints: bool) -> dict[str, Any]:
+        if query.get("filter"):
+            raise VertexError(400, "The sandbox's Vertex emulator supports no list filter; leave it empty.")
+        jobs = self.server.emulator.store.list(parent)
+        try:
+            start = int(query.get("pageToken") or 0)
+            size = int(query.get("pageSize") or 0) or len(jobs) or 1
+        except ValueError as exc:
+            raise VertexError(400, f"Invalid pageSize or pageToken: {exc}") from exc
+        page = jobs[start : start + size]
+        answer: dict[str, Any] = {"customJobs": [_json(j.snapshot(), ints) for j in page]} if page else {}
+        if start + size < len(jobs):
+            answer["nextPageToken"] = str(start + size)
+        return answer
+
+
+def _json(job: CustomJob, ints: bool) -> dict[str, Any]:
+    return json.loads(CustomJob.to_json(job, use_integers_for_enums=ints, indent=0))

@@ -1,0 +1,1 @@
+"""A tiny training task the Vertex emulator's tests submit as a pythonPackageSpec (a local folder)."""

@@ -38,6 +38,11 @@ WHEEL_PLATFORM_ARGS = (
 )
 
 
+#: ssh options for a test host: its host key changes with each boot, so it is never recorded.
+SSH_OPTIONS = ("-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+               "-o", "BatchMode=yes")
+
+
 class TestHostError(RuntimeError):
     """A test host could not be built, booted or removed."""
 
@@ -51,6 +56,23 @@ class Host:
     address: str
     user: str
     key: Path
+
+    def ssh_argv(self, *command: str, options: tuple[str, ...] = ()) -> list[str]:
+        """ssh to the host as its login user, with the options every caller needs (:data:`SSH_OPTIONS`)
+        and ``options`` (e.g. a ConnectTimeout) before the destination."""
+        return ["ssh", "-i", str(self.key), *SSH_OPTIONS, *options, f"{self.user}@{self.address}", *command]
+
+    def run_as_root(self, script: str, timeout: float = 120) -> str:
+        """Run a shell script as root on the host (given on stdin: no quoting games); its stdout.
+
+        TestHostError with the script's stderr when it exits non-zero: what a test does to a host
+        outside forja (drift, a pre-installed driver) must have happened before the test goes on.
+        """
+        proc = subprocess.run(self.ssh_argv("sudo sh -s"), input=script, capture_output=True, text=True,
+                              timeout=timeout, check=False)
+        if proc.returncode != 0:
+            raise TestHostError(f"{self.name}: script exited {proc.returncode}: {proc.stderr.strip()}")
+        return proc.stdout
 
 
 def base_dir() -> Path:

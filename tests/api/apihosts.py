@@ -42,10 +42,8 @@ def write_inventory(path: Path, hosts: dict[str, dict[str, object]]) -> Path:
 
 def ssh(host: testhosts.Host, command: str) -> str:
     """Run a command on a test host as its login user (outside forja: what the test checks)."""
-    argv = ["ssh", "-i", str(host.key), "-o", "StrictHostKeyChecking=no",
-            "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
-            f"{host.user}@{host.address}", command]
-    return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60).stdout
+    proc = subprocess.run(host.ssh_argv(command), capture_output=True, text=True, check=True, timeout=60)
+    return proc.stdout
 
 
 def host_vars(host: testhosts.Host) -> dict[str, object]:

@@ -197,9 +197,7 @@ def served_th7(th7: testhosts.Host) -> testhosts.Host:
               "| sudo tee /etc/forja/jupyter/jupyter_notebook_config.json >/dev/null && "
               "sudo install -d -m 0700 /var/lib/forja/jupyter && "
               "printf tok3n | sudo tee /var/lib/forja/jupyter/token >/dev/null")
-    login = ["ssh", "-i", str(th7.key), "-o", "StrictHostKeyChecking=no", "-o",
-             "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", f"{th7.user}@{th7.address}"]
-    subprocess.run([*login, script], check=True, timeout=60)
+    subprocess.run(th7.ssh_argv(script), check=True, timeout=60)
     return th7
 
 

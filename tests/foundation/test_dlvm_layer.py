@@ -22,12 +22,8 @@ pytestmark = [pytest.mark.hosts, pytest.mark.slow]
 
 
 def _ssh(host: testhosts.Host, command: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["ssh", "-i", str(host.key), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
-         "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=10",
-         f"{host.user}@{host.address}", command],
-        capture_output=True, text=True, timeout=120, check=False,
-    )
+    return subprocess.run(host.ssh_argv(command, options=("-o", "ConnectTimeout=10")),
+                          capture_output=True, text=True, timeout=120, check=False)
 
 
 @pytest.fixture(scope="module")

@@ -39,13 +39,7 @@ def host() -> Iterator[testhosts.Host]:
 
 
 def ssh(host: testhosts.Host, script: str) -> str:
-    """Run a shell script as root on the host (given on stdin, so no quoting games)."""
-    proc = subprocess.run(
-        ["ssh", "-i", str(host.key), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
-         "-o", "LogLevel=ERROR", f"{host.user}@{host.address}", "sudo sh -s"],
-        input=script, capture_output=True, text=True, timeout=120, check=False)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
+    return host.run_as_root(script)
 
 
 def image_driver(host: testhosts.Host, version: str) -> None:

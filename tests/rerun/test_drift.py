@@ -36,7 +36,6 @@ CONFIG = "/etc/forja/jupyter/jupyter_notebook_config.json"
 TOKEN = "/var/lib/forja/jupyter/token"
 PREF = "/etc/apt/preferences.d/forja-nvidia-stack.pref"
 UNATTENDED = "/etc/apt/apt.conf.d/51forja-nvidia-stack"
-SSH_OPTIONS = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR"]
 # The modules that install or write. A converged host's re-run may detect and compare (read-only
 # modules), set facts and say things; every task of these modules must be skipped.
 WRITERS = {"apt", "pip", "template", "copy", "file", "user", "replace", "dpkg_selections", "systemd_service",
@@ -65,13 +64,7 @@ class Site:
     inventory: Path
 
     def ssh(self, script: str) -> str:
-        """Run a shell script as root on the host (on stdin, so no quoting games)."""
-        proc = subprocess.run(
-            ["ssh", "-i", str(self.host.key), *SSH_OPTIONS, f"{self.host.user}@{self.host.address}",
-             "sudo sh -s"],
-            input=script, capture_output=True, text=True, timeout=120, check=False)
-        assert proc.returncode == 0, proc.stderr
-        return proc.stdout
+        return self.host.run_as_root(script)
 
     def play(self, *extra: str) -> Run:
         playbook = str(Path(sys.executable).with_name("ansible-playbook"))
@@ -94,7 +87,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
         f"th{INDEX} ansible_host={host.address} ansible_user={host.user} "
         f"ansible_ssh_private_key_file={host.key}\n"
         "[forja_gpu:vars]\n"
-        f"ansible_ssh_common_args='{' '.join(SSH_OPTIONS)}'\n"
+        f"ansible_ssh_common_args='{' '.join(testhosts.SSH_OPTIONS)}'\n"
         # as the sandbox's VMs: no GPU, NVIDIA's repository out of reach
         "nvidia_stack_allow_no_gpu=true\nnvidia_stack_install_packages=false\n"
         f"jupyter_colab_token_fetch_path={folder}/token\n")

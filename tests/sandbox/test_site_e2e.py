@@ -122,8 +122,7 @@ def _through_iap(vm: dict) -> str:
 
 
 def _on_host(vm: dict, command: str, key: Path | None = None, user: str = "ansible") -> str:
-    ssh = ["ssh", "-i", str(key or testhosts.key_path()), "-o", "StrictHostKeyChecking=no", "-o",
-           "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=5",
+    ssh = ["ssh", "-i", str(key or testhosts.key_path()), *testhosts.SSH_OPTIONS, "-o", "ConnectTimeout=5",
            "-o", f"ProxyCommand={_through_iap(vm)}", f"{user}@{_address(vm)}", command]
     return subprocess.run(ssh, capture_output=True, text=True, timeout=30, check=False).stdout
 

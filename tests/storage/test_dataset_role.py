@@ -29,7 +29,6 @@ ROOT = Path(__file__).resolve().parents[2]
 INDEX = 40  # the dataset tests' reserved test host
 PLAY = ROOT / "playbooks" / "data.yml"
 DATA_DIR = "/var/lib/forja/data"  # host_contract_data_dir's default
-SSH_OPTIONS = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR"]
 BUCKET = "forja-datasets-th40"
 
 
@@ -40,12 +39,7 @@ class Site:
     extra: list[str]
 
     def ssh(self, script: str) -> str:
-        proc = subprocess.run(
-            ["ssh", "-i", str(self.host.key), *SSH_OPTIONS, f"{self.host.user}@{self.host.address}",
-             "sudo sh -s"],
-            input=script, capture_output=True, text=True, timeout=120, check=False)
-        assert proc.returncode == 0, proc.stderr
-        return proc.stdout
+        return self.host.run_as_root(script)
 
     def play(self, *extra: str) -> tuple[int, str]:
         playbook = str(Path(sys.executable).with_name("ansible-playbook"))
@@ -80,7 +74,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
             f"th{INDEX} ansible_host={host.address} ansible_user={host.user} "
             f"ansible_ssh_private_key_file={host.key}\n"
             "[forja_gpu:vars]\n"
-            f"ansible_ssh_common_args='{' '.join(SSH_OPTIONS)}'\n")
+            f"ansible_ssh_common_args='{' '.join(testhosts.SSH_OPTIONS)}'\n")
         extra = ["-e", f"dataset_bucket=gs://{BUCKET}",
                  "-e", f"dataset_storage_emulator_host={emulator.url}",
                  "-e", f"dataset_host_storage_emulator_host=http://{bridge}:{relay_port}"]

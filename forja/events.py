@@ -131,10 +131,22 @@ class PlaybookFinished(Event):
         return contract.read_stats(self.artifact_data)
 
 
+def failed_item(res: dict[str, Any]) -> dict[str, Any] | None:
+    """A looped task's first failed item (the gcp_instance role loops over a cluster's VMs): its
+    own result carries the module's message and error code, the task's only Ansible's summary."""
+    for item in res.get("results") or []:
+        if isinstance(item, dict) and item.get("failed"):
+            return item
+    return None
+
+
 def failure_message(res: dict[str, Any]) -> str:
     """The most useful line of a failed result: msg, else stderr, else the module's exception."""
     if res.get("censored"):
         return str(res["censored"])
+    item = failed_item(res)
+    if item is not None:
+        return failure_message(item)
     for key in ("msg", "stderr", "reason", "exception", "module_stderr", "stdout"):
         value = res.get(key)
         if value:
@@ -212,7 +224,7 @@ def from_runner(raw: dict[str, Any]) -> list[Event]:
                 action=action,
                 message=failure_message(res),
                 ignored=bool(data.get("ignore_errors")),
-                error_code=str(res.get("error_code") or ""),
+                error_code=str(res.get("error_code") or (failed_item(res) or {}).get("error_code") or ""),
             )
         ]
     if kind == "runner_on_unreachable":

@@ -20,12 +20,13 @@ from .guest_attributes import GuestAttributeMethods
 from .instance_methods import InstanceMethods
 from .operations import Call, InstanceBackend, OperationFailed
 from .resource_methods import ResourceMethods
+from .resource_policies import ResourcePolicyMethods
 from .state import Store
 
 Json = dict[str, Any]
 
 
-class ComputeApi(InstanceMethods, ResourceMethods, GuestAttributeMethods):
+class ComputeApi(InstanceMethods, ResourceMethods, ResourcePolicyMethods, GuestAttributeMethods):
     """Every implemented Compute method, by discovery id, behind one `dispatch`."""
 
     def __init__(
@@ -59,6 +60,14 @@ class ComputeApi(InstanceMethods, ResourceMethods, GuestAttributeMethods):
             "compute.globalOperations.wait": self.operations_wait,
             "compute.globalOperations.list": self.operations_list,
             "compute.globalOperations.delete": self.operations_delete,
+            "compute.regionOperations.get": self.operations_get,
+            "compute.regionOperations.wait": self.operations_wait,
+            "compute.regionOperations.list": self.operations_list,
+            "compute.regionOperations.delete": self.operations_delete,
+            "compute.resourcePolicies.insert": self.resource_policies_insert,
+            "compute.resourcePolicies.get": self.resource_policies_get,
+            "compute.resourcePolicies.list": self.resource_policies_list,
+            "compute.resourcePolicies.delete": self.resource_policies_delete,
             "compute.firewalls.insert": self.firewalls_insert,
             "compute.firewalls.get": self.firewalls_get,
             "compute.firewalls.list": self.firewalls_list,
@@ -122,6 +131,9 @@ class ComputeApi(InstanceMethods, ResourceMethods, GuestAttributeMethods):
         zone = call.params.get("zone")
         if zone is not None and zone not in catalog.ZONES:
             raise not_found(f"projects/{project}/zones/{zone}")
+        region = call.params.get("region")
+        if region is not None and region not in set(catalog.ZONES.values()):
+            raise not_found(f"projects/{project}/regions/{region}")
 
 
 __all__ = ["Call", "ComputeApi", "InstanceBackend", "OperationFailed"]

@@ -134,6 +134,8 @@ class InstanceMethods(ApiBase):
     def instances_insert(self, call: Call) -> Json:
         body = call.body or {}
         instance = build_instance(body, call.project, call.zone, self.base)
+        if body.get("resourcePolicies"):
+            instance["resourcePolicies"] = self.instance_resource_policies(body, call.project, call.zone)
         with self.store.lock:
             existing = self.store.instance(call.project, call.zone, instance["name"])
             if existing is not None:

@@ -150,6 +150,8 @@ class ApiBase:
         }
         if scope.startswith("zones/"):
             op["zone"] = f"{project_url}/{scope}"
+        elif scope.startswith("regions/"):
+            op["region"] = f"{project_url}/{scope}"
         with self.store.lock:
             self.store.operations[(call.project, scope, name)] = op
             if len(self.store.operations) > MAX_OPERATIONS:
@@ -250,8 +252,16 @@ class ApiBase:
 
         return work
 
+    @staticmethod
+    def _operation_scope(call: Call) -> str:
+        if "zone" in call.params:
+            return f"zones/{call.params['zone']}"
+        if "region" in call.params:
+            return f"regions/{call.params['region']}"
+        return "global"
+
     def _operation(self, call: Call) -> Json:
-        scope = f"zones/{call.params['zone']}" if "zone" in call.params else "global"
+        scope = self._operation_scope(call)
         op = self.store.operations.get((call.project, scope, call.params["operation"]))
         if op is None:
             raise not_found(f"projects/{call.project}/{scope}/operations/{call.params['operation']}")
@@ -268,7 +278,7 @@ class ApiBase:
             return copy.deepcopy(op)
 
     def operations_list(self, call: Call) -> Json:
-        scope = f"zones/{call.params['zone']}" if "zone" in call.params else "global"
+        scope = self._operation_scope(call)
         with self.store.lock:
             ops = [
                 copy.deepcopy(op)
@@ -280,7 +290,7 @@ class ApiBase:
         )
 
     def operations_delete(self, call: Call) -> Json:
-        scope = f"zones/{call.params['zone']}" if "zone" in call.params else "global"
+        scope = self._operation_scope(call)
         with self.store.lock:
             self._operation(call)
             del self.store.operations[(call.project, scope, call.params["operation"])]

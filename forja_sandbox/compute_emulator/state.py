@@ -67,6 +67,8 @@ class Store:
         self.guest_attributes: dict[str, dict[str, str]] = {}
         # OS Login profiles' SSH keys (oslogin.py): account email -> fingerprint -> SshPublicKey.
         self.oslogin_keys: dict[str, dict[str, dict[str, Any]]] = {}
+        # Resource policies (regional): project -> "region/name" -> ResourcePolicy.
+        self.resource_policies: dict[str, dict[str, dict[str, Any]]] = {}
         self._sorted: dict[str, list[InstanceRecord]] = {}
         self.version = 0  # bumped on every instance change; keys the query cache
         self._queries: dict[Any, tuple[int, list[InstanceRecord]]] = {}
@@ -206,6 +208,7 @@ class Store:
                 "auth": self.keyring.dump(),
                 "guest_attributes": self.guest_attributes,
                 "oslogin_keys": self.oslogin_keys,
+                "resource_policies": self.resource_policies,
             }
             encoded = json.dumps(data, separators=(",", ":"))
         tmp = self.state_file.with_name(f".{self.state_file.name}.{os.getpid()}.tmp")
@@ -243,6 +246,7 @@ class Store:
         self.keyring.load(data.get("auth", {}))
         self.guest_attributes = {k: dict(v) for k, v in data.get("guest_attributes", {}).items()}
         self.oslogin_keys = {k: dict(v) for k, v in data.get("oslogin_keys", {}).items()}
+        self.resource_policies = {k: dict(v) for k, v in data.get("resource_policies", {}).items()}
 
     def wait_for(self, predicate: Any, timeout: float) -> bool:
         deadline = time.monotonic() + timeout

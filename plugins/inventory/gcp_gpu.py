@@ -18,6 +18,10 @@ from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import (
     short_name,
 )
 from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_instance import (
+    CLUSTER_LABEL,
+    RANK_LABEL,
+    RENDEZVOUS_PORT,
+    SIZE_LABEL,
     instance_facts,
     metadata_dict,
 )
@@ -34,6 +38,11 @@ description:
     one aggregated listing is filtered on the client, which never costs more than ⌈n/500⌉ requests.
   - Groups every VM carrying the managed label (C(forja=managed) by default) into C(forja_gpu), and every
     VM into C(gpu_<type>) (or C(gpu_none)) and C(status_<status>).
+  - The VMs of one cluster (the C(forja.gpu.gcp_instance) role's C(gcp_instance_count) > 1, with labels
+    C(forja-cluster), C(forja-rank), C(forja-cluster-size)) form the group C(cluster_<name>), and each
+    gets C(forja_cluster), C(forja_node_rank), C(forja_node_count), C(forja_rendezvous_host) (the
+    rank-0 VM's private IP, which the cluster's firewall rule admits) and C(forja_rendezvous_port)
+    (torchrun's c10d port, 29400), which is what C(torchrun --node-rank --nnodes --rdzv-endpoint) takes.
   - The VM's name and network tags are the hostvars C(instance_name) and C(network_tags), because
     C(name) and C(tags) are reserved play keywords.
   - Metadata values are not exposed by default, because they hold C(ssh-keys) and startup scripts. Only
@@ -233,6 +242,37 @@ def host_record(instance: dict, host_preference: tuple[str, ...], expose_metadat
     return facts
 
 
+def cluster_vars(records: list[dict]) -> dict[str, dict]:
+    """Per cluster member (by instance name): its cluster, rank, node count and rendezvous address.
+
+    A cluster is the VMs of one project with the same ``forja-cluster`` label; the node count is
+    the size the role declared (``forja-cluster-size``), so a lost member still counts; the
+    rendezvous host is rank 0's private address (None while rank 0 is missing).
+    """
+    rank0: dict[tuple[str, str], str | None] = {}
+    members: list[tuple[dict, tuple[str, str], int]] = []
+    for record in records:
+        labels = record.get("labels") or {}
+        name, rank = labels.get(CLUSTER_LABEL), labels.get(RANK_LABEL)
+        if not name or rank is None or not str(rank).isdigit():
+            continue
+        key = (str(record.get("project")), str(name))
+        members.append((record, key, int(rank)))
+        if int(rank) == 0:
+            rank0[key] = record.get("private_ip")
+    found: dict[str, dict] = {}
+    for record, key, rank in members:
+        size = str((record.get("labels") or {}).get(SIZE_LABEL) or "")
+        found[str(record.get("instance_name"))] = {
+            "forja_cluster": key[1],
+            "forja_node_rank": rank,
+            "forja_node_count": int(size) if size.isdigit() else sum(1 for m in members if m[1] == key),
+            "forja_rendezvous_host": rank0.get(key),
+            "forja_rendezvous_port": RENDEZVOUS_PORT,
+        }
+    return found
+
+
 def hostname_of(record: dict, sources: list[str]) -> str | None:
     """The first configured source that is set (``name`` is the instance name)."""
     for source in sources:
@@ -404,6 +444,7 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         managed = self.get_option("managed_label") or {}
         managed_group = self.inventory.add_group(self.get_option("managed_group"))
         sources = self.get_option("hostnames")
+        clusters = cluster_vars(records)
         for record in records:
             hostname = hostname_of(record, sources)
             if not hostname:
@@ -411,6 +452,12 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             self.inventory.add_host(hostname)
             for key, value in record.items():
                 self.inventory.set_variable(hostname, key, value)
+            cluster = clusters.get(str(record.get("instance_name")))
+            if cluster:
+                for key, value in cluster.items():
+                    self.inventory.set_variable(hostname, key, value)
+                group = self.inventory.add_group(f"cluster_{sanitize(cluster['forja_cluster'])}")
+                self.inventory.add_child(group, hostname)
             labels = record.get("labels") or {}
             if managed and all(labels.get(k) == str(v) for k, v in managed.items()):
                 self.inventory.add_child(managed_group, hostname)

@@ -494,10 +494,13 @@ class GcpClient:
         """
         deadline = time.monotonic() + timeout_s
         zone = short_name(op.get("zone")) or None
+        region = short_name(op.get("region")) or None  # regional resources (resource policies)
         name = op.get("name")
         base = (
             f"projects/{project}/zones/{zone}/operations/{name}"
             if zone
+            else f"projects/{project}/regions/{region}/operations/{name}"
+            if region
             else f"projects/{project}/global/operations/{name}"
         )
         current = op

@@ -35,6 +35,16 @@ DISK_TYPES = ("pd-balanced", "pd-ssd", "pd-standard", "pd-extreme", "hyperdisk-b
 DISK_INTERFACES = ("NVME", "SCSI")
 TERMINATION_ACTIONS = ("STOP", "DELETE")
 MANAGED_LABEL = ("forja", "managed")
+# The labels that make VMs one cluster (the gcp_instance role sets them when gcp_instance_count > 1;
+# the inventory groups by them): the cluster's name, each VM's rank, and how many VMs it has.
+CLUSTER_LABEL = "forja-cluster"
+RANK_LABEL = "forja-rank"
+SIZE_LABEL = "forja-cluster-size"
+# torchrun's c10d rendezvous port on the rank-0 VM, and the ports a cluster's firewall rule opens
+# between its VMs: that port and the range NCCL's and gloo's sockets bind to (Linux's default
+# ephemeral range, net.ipv4.ip_local_port_range).
+RENDEZVOUS_PORT = 29400
+CLUSTER_PORTS = (str(RENDEZVOUS_PORT), "32768-60999")
 
 
 class SpecError(ValueError):
@@ -173,6 +183,8 @@ class InstanceSpec:
     spot: bool | None
     instance_termination_action: str | None
     fallback_zones: list[str] = field(default_factory=list)
+    # Names of resource policies (the cluster's compact placement) in the zone's region; None: not asked.
+    resource_policies: list[str] | None = None
 
     @property
     def zones(self) -> list[str]:
@@ -306,6 +318,13 @@ def validate_spec(
         metadata["ssh-keys"] = "\n".join(ssh_keys)
     labels = validate_labels(params.get("labels") or {})
     labels.setdefault(*MANAGED_LABEL)
+    policies = params.get("resource_policies")
+    for policy in policies or []:
+        if not NAME_RE.match(str(policy)):
+            raise SpecError(
+                f"resource_policies: '{policy}' must be a resource policy's name (lowercase letters, digits "
+                "or '-') in the zone's region"
+            )
     return InstanceSpec(
         name=name,
         zone=params["zone"],
@@ -333,6 +352,7 @@ def validate_spec(
         spot=None if spot is None else bool(spot),
         instance_termination_action=action or None,
         fallback_zones=list(params.get("fallback_zones") or []),
+        resource_policies=None if policies is None else sorted({str(p) for p in policies}),
     )
 
 
@@ -395,6 +415,11 @@ def insert_body(spec: InstanceSpec, zone: str, project: str) -> dict[str, Any]:
         ]
     if spec.tags:
         body["tags"] = {"items": list(spec.tags)}
+    if spec.resource_policies:
+        region = zone.rsplit("-", 1)[0]
+        body["resourcePolicies"] = [
+            f"projects/{project}/regions/{region}/resourcePolicies/{name}" for name in spec.resource_policies
+        ]
     if spec.gpus and spec.gpus.attach and spec.gpus.gpu_type:
         body["guestAccelerators"] = [
             {
@@ -435,6 +460,9 @@ def immutable_differences(spec: InstanceSpec, instance: dict[str, Any]) -> list[
         pairs.append(("boot_disk_size_gb", spec.boot_disk_size_gb, int(disk["diskSizeGb"])))
     if disk.get("interface") and spec.boot_disk_interface:
         pairs.append(("boot_disk_interface", spec.boot_disk_interface, disk["interface"]))
+    if spec.resource_policies is not None:
+        have = sorted(short_name(p) for p in instance.get("resourcePolicies") or [])
+        pairs.append(("resource_policies", spec.resource_policies, have))
     return [f"{name} (asked {want!r}, is {have!r})" for name, want, have in pairs if want != have]
 
 

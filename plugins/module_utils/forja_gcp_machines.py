@@ -108,6 +108,20 @@ N1_GPUS: dict[str, tuple[int, ...]] = {
 }
 
 ACCELERATOR_FAMILIES = ("g2-", "a2-", "a3-")
+
+# Machine series that accept a compact placement policy (groupPlacementPolicy.collocation
+# COLLOCATED), from Google's "Placement policies overview": the accelerator-optimized series and the
+# compute/general series below. E2, N1 and the shared-core types are not among them.
+COMPACT_PLACEMENT_FAMILIES = (
+    "a2", "a3", "a4", "g2", "g4", "c2", "c2d", "c3", "c3d", "c4", "c4a", "c4d", "h3", "n2", "n2d", "z3",
+)  # fmt: skip
+
+
+def supports_compact_placement(machine_type: str) -> bool:
+    """Whether Compute Engine accepts a compact placement policy for this machine type's series."""
+    return machine_type.split("-", 1)[0] in COMPACT_PLACEMENT_FAMILIES
+
+
 MACHINE_TYPE_RE = re.compile(r"^[a-z][a-z0-9]*-[a-z0-9-]+$")
 
 

@@ -17,6 +17,7 @@ from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import (
 )
 from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_firewall import decide, refusal
 from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_instance import (
+    CLUSTER_PORTS,
     NAME_RE,
     SpecError,
     validate_source_ranges,
@@ -29,8 +30,13 @@ description:
   - Manages one VPC ingress rule that allows C(tcp:22) to VMs carrying O(target_tags).
   - The source is Google's IAP TCP-forwarding range C(35.235.240.0/20) by default
     (C(gcloud compute ssh --tunnel-through-iap)), or the addresses you list. C(0.0.0.0/0) is refused.
-  - It never opens any other port. Jupyter listens on 127.0.0.1 on the VM and is reached through the
-    SSH tunnel, so no rule for its port exists, by design; there is no option to add one.
+  - It never opens any other port to any address. Jupyter listens on 127.0.0.1 on the VM and is
+    reached through the SSH tunnel, so no rule for its port exists, by design; there is no option to
+    add one.
+  - With O(cluster_tag), the rule is instead a cluster's. It opens torch.distributed's ports (the
+    c10d rendezvous port 29400, and the kernel's ephemeral range 32768-60999 that NCCL and gloo
+    bind their sockets to) only from VMs carrying that tag to VMs carrying it (source tags = target
+    tags), never from an address range.
   - With O(admit_source), it then reads every ingress rule of the network and fails, naming the rules
     it saw, unless they admit C(tcp:22) from every address of that source to a VM with O(target_tags),
     as Compute Engine decides (lowest priority number first, a deny wins a tie, else implied deny).
@@ -80,6 +86,13 @@ options:
     description: How Ansible connects (iap, direct, own_rule), named in the failure message.
     type: str
     default: ""
+  cluster_tag:
+    description:
+      - The network tag every member of one cluster carries. When set, the rule opens the cluster's
+        ports between those VMs only, and O(source_ranges), O(target_tags) and O(admit_source) are
+        not used. Empty means the SSH rule.
+    type: str
+    default: ""
 notes:
   - Supports C(check_mode) and C(diff).
 seealso:
@@ -111,7 +124,8 @@ firewall:
     network: {description: Network (short name)., type: str}
     source_ranges: {description: Allowed sources., type: list}
     target_tags: {description: Target tags., type: list}
-    ports: {description: Always the single port 22., type: list}
+    source_tags: {description: A cluster rule's source tag (absent for the SSH rule)., type: list}
+    ports: {description: Port 22, or a cluster rule's ports., type: list}
 admitted_by:
   description: The rule that admits SSH from O(admit_source).
   returned: when admit_source is set
@@ -126,7 +140,7 @@ def rule_view(rule: dict[str, Any] | None) -> dict[str, Any]:
     if not rule:
         return {}
     ports = sorted({p for a in rule.get("allowed") or [] for p in a.get("ports") or []})
-    return {
+    view = {
         "name": rule.get("name"),
         "network": short_name(rule.get("network")),
         "source_ranges": sorted(rule.get("sourceRanges") or []),
@@ -134,9 +148,24 @@ def rule_view(rule: dict[str, Any] | None) -> dict[str, Any]:
         "ports": ports,
         "priority": int(rule.get("priority", 1000)),
     }
+    if rule.get("sourceTags"):  # a cluster rule's; the SSH rule's view stays as it always was
+        view["source_tags"] = sorted(rule["sourceTags"])
+    return view
 
 
 def rule_body(params: dict[str, Any], ranges: list[str]) -> dict[str, Any]:
+    tag = params["cluster_tag"]
+    if tag:
+        return {
+            "name": params["name"],
+            "network": f"global/networks/{params['network']}",
+            "direction": "INGRESS",
+            "priority": params["priority"],
+            "sourceTags": [tag],
+            "targetTags": [tag],
+            "allowed": [{"IPProtocol": "tcp", "ports": list(CLUSTER_PORTS)}],
+            "description": "forja: torch.distributed rendezvous and NCCL/gloo, between one cluster's VMs",
+        }
     return {
         "name": params["name"],
         "network": f"global/networks/{params['network']}",
@@ -183,6 +212,7 @@ def main() -> None:
             "priority": {"type": "int", "default": 1000},
             "admit_source": {"type": "str", "default": ""},
             "ssh_path": {"type": "str", "default": ""},
+            "cluster_tag": {"type": "str", "default": ""},
             **AUTH_ARGUMENT_SPEC,
         },
         mutually_exclusive=[("credentials_file", "credentials_json")],
@@ -192,6 +222,14 @@ def main() -> None:
     try:
         if not NAME_RE.match(params["name"]):
             raise SpecError(f"name: '{params['name']}' must be lowercase letters, digits or '-'")
+        if params["cluster_tag"] and not NAME_RE.match(params["cluster_tag"]):
+            raise SpecError(
+                f"cluster_tag: '{params['cluster_tag']}' must be lowercase letters, digits or '-'"
+            )
+        if params["cluster_tag"] and params["admit_source"]:
+            raise SpecError(
+                "admit_source: a cluster rule admits no address; drop admit_source or cluster_tag"
+            )
         if not params["target_tags"]:
             raise SpecError(
                 "target_tags: give at least one tag, or the rule would apply to every VM of the network"

@@ -209,6 +209,14 @@ options:
     description: Wait for every operation to finish (the facts returned are then final).
     type: bool
     default: true
+  resource_policies:
+    description:
+      - Names of resource policies in the zone's region that the VM is created with (the cluster's
+        compact placement policy, see M(forja.gpu.gcp_gpu_placement_policy)).
+      - A VM cannot join or leave a policy while it exists here, so on an existing VM a different
+        list fails, like the machine type. Unset, it is not compared.
+    type: list
+    elements: str
 notes:
   - Supports C(check_mode) and C(diff).
   - Runs on the controller; use C(delegate_to=localhost) or C(connection=local).
@@ -372,6 +380,7 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "instance_termination_action": {"type": "str", "choices": ["STOP", "DELETE"]},
     "ip_preference": {"type": "list", "elements": "str", "default": ["public_ip", "private_ip"]},
     "wait": {"type": "bool", "default": True},
+    "resource_policies": {"type": "list", "elements": "str"},
     **AUTH_ARGUMENT_SPEC,
 }
 

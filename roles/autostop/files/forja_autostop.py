@@ -22,6 +22,12 @@ stops, the disk keeps costing.
     and is deliberately NOT a session (SkyPilot's autostop counts only PTYs too, but misses
     Jupyter, which is why both are checked here).
 
+What a stop does is the config's action: poweroff (a VM: stop the training units, then power the
+guest off), stop (a workstation, the user's own machine: stop the training units and shut Jupyter's
+kernels down, which frees their GPU memory; the machine and the Jupyter server stay up) or warn (log
+the decision only). With stop or warn the agent acts once per idle stretch: it waits for activity
+before it acts again, so an idle workstation gets one line, not one a minute.
+
 Caps that apply even when busy: the maximum runtime since boot, and the spend cap (hourly rate
 x running time, summed over boots). At the warning threshold the agent writes a warning file.
 
@@ -70,6 +76,8 @@ DEFAULTS: dict[str, Any] = {
     "boot_grace_minutes": 10.0,
     "max_runtime_hours": 0.0,
     "gpu_util_threshold": 10.0,
+    # What a stop does: poweroff (the VM), stop (training units and Jupyter kernels) or warn (log only).
+    "action": "poweroff",
     "poweroff_command": ["systemctl", "poweroff"],
     "dry_run": False,
     "hourly_rate_usd": 0.0,
@@ -103,6 +111,7 @@ NUMBERS = (
     "stall_after_s",
 )
 STALL_ACTIONS = ("stop", "warn", "off")
+ACTIONS = ("poweroff", "stop", "warn")
 #: The trainer's live metrics (trainer/live.py): the file naming a run's port, and the one gauge read.
 LIVE_FILE = "live.json"
 PROGRESS_METRIC = "forja_train_last_progress_timestamp_seconds"
@@ -148,6 +157,9 @@ def load_config(path: str) -> dict[str, Any]:
             f"config {path}: 'stall_action' is {config['stall_action']!r}; give one of "
             + ", ".join(STALL_ACTIONS)
         )
+    if config["action"] not in ACTIONS:
+        given_action = config["action"]
+        raise ConfigError(f"config {path}: 'action' is {given_action!r}; give one of " + ", ".join(ACTIONS))
     if not 0 < config["spend_warn_fraction"] <= 1:
         raise ConfigError(f"config {path}: 'spend_warn_fraction' must be in (0, 1], e.g. 0.8")
     command = config["poweroff_command"]
@@ -615,10 +627,18 @@ def decide(
     if stops and uptime < grace:
         reasons.append(f"boot grace: up {uptime:.0f} s of {grace:.0f} s, not stopping yet")
         stops = []
+    action = config["action"]
+    acted = state.get("handled_idle_since") == state["idle_since"]
+    if stops and action != "poweroff" and not seen["busy"] and acted:
+        reasons.append(f"already acted ({action}) on this idle stretch: waiting for activity")
+        stops = []
     if stops:
-        decision = "would-stop" if config["dry_run"] else "stop"
+        decision = "would-stop" if config["dry_run"] else "warn" if action == "warn" else "stop"
         reasons += stops + seen["busy"]
-        state["stopping"] = not config["dry_run"]
+        state["stopping"] = action == "poweroff" and not config["dry_run"]
+        if action != "poweroff" and not config["dry_run"]:
+            state["handled_idle_since"] = state["idle_since"]
+        record["action"] = action
     elif seen["busy"]:
         decision = "keep"
         reasons += seen["busy"]
@@ -678,6 +698,54 @@ def stop_machine(config: dict[str, Any], record: dict[str, Any]) -> int:
     return subprocess.run(config["poweroff_command"], check=False).returncode
 
 
+def jupyter_token(config: dict[str, Any]) -> str | None:
+    try:
+        with open(config["jupyter_token_file"], encoding="utf-8") as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
+
+
+def shutdown_kernels(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """Shut Jupyter's kernels down (DELETE /api/kernels/ID): their GPU memory is freed, the server stays.
+
+    Only reached when nothing is busy, so every kernel listed is idle; Colab reconnects to a new one.
+    """
+    kernels, status = jupyter_kernels(config)
+    token = jupyter_token(config)
+    outcomes: list[dict[str, Any]] = []
+    if not kernels or token is None:
+        return [{"kernels": status}] if status != "ok" else []
+    for kernel in kernels:
+        kernel_id = str(kernel.get("id"))
+        request = urllib.request.Request(
+            f"{config['jupyter_url'].rstrip('/')}/api/kernels/{kernel_id}",
+            method="DELETE",
+            headers={"Authorization": f"token {token}"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                outcomes.append({"kernel": kernel_id, "status": answer.status})
+        except urllib.error.HTTPError as exc:
+            outcomes.append({"kernel": kernel_id, "status": exc.code})
+        except OSError as exc:
+            outcomes.append({"kernel": kernel_id, "error": str(exc)})
+    return outcomes
+
+
+def stop_work(config: dict[str, Any]) -> int:
+    """The stop action: training units checkpoint and exit, idle kernels go; the machine stays up."""
+    units = training_units(config["train_unit_pattern"])
+    if units:
+        log({"action": "stop-training", "units": units, "why": "SIGTERM: the trainer checkpoints"})
+        subprocess.run(
+            ["systemctl", "stop", *units], check=False, timeout=config["stop_timeout_seconds"] + 30
+        )
+    kernels = shutdown_kernels(config)
+    log({"action": "stop-kernels", "kernels": kernels, "why": "free the GPU; Jupyter stays up"})
+    return 0
+
+
 def record_stop_reason(config: dict[str, Any], record: dict[str, Any]) -> None:
     """Leave why the VM stops where it can be read while it is stopped: a guest attribute.
 
@@ -723,8 +791,11 @@ def run_once(config: dict[str, Any]) -> int:
         os.remove(warning_path)  # the cap was raised (or the warning no longer applies)
     write_json(state_path, state, 0o600)
     log(record)
-    if record["decision"] == "stop":
+    if record["decision"] in ("stop", "warn"):
         write_json(os.path.join(state_dir, "last_stop.json"), record, 0o644)
+    if record["decision"] == "stop" and config["action"] == "stop":
+        return stop_work(config)
+    if record["decision"] == "stop":
         record_stop_reason(config, record)
         return stop_machine(config, record)
     handle_stalls(config, training_units(config["train_unit_pattern"]), now)

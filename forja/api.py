@@ -47,6 +47,7 @@ from forja.tunnel import TunnelPlan
 
 if TYPE_CHECKING:  # the push's result; forja.hub itself is imported when a push runs
     from forja.hub import HubPush
+    from forja.vertex import VertexOptions
 
 #: What a run name may be: the host contract's pattern (roles/host_contract), which trainer_run checks too.
 RUN_NAME = runstate.RUN_NAME
@@ -459,8 +460,18 @@ class Forja:
         on_event: Callable[[ev.Event], None] | None = None,
         cancel: threading.Event | None = None,
         extravars: Mapping[str, Any] | None = None,
+        backend: str = "vm",
+        vertex: VertexOptions | None = None,
     ) -> TrainResult:
         """Send the trainer (and the project), start the run as a systemd unit, follow it, fetch results.
+
+        `backend="vertex"` runs the built-in trainer on `config` as a Vertex AI custom job instead
+        (`vertex`: a `forja.vertex.VertexOptions`; default g2-standard-8 + NVIDIA_L4 x 1, one
+        replica, us-central1): the trainer and the config go as a Python package to
+        gs://BUCKET/vertex/packages/<hash>/ (once per content), the job's state changes are
+        announced, and the checkpoints, logs and model land in gs://BUCKET/vertex/runs/<run>/.
+        Ctrl-C, `wait=False` or `timeout_s` stop watching, never the job (`vertex_follow`,
+        `vertex_cancel`).
 
         `procs` is the number of processes per host (torchrun, DDP); None lets the role choose: one
         per GPU, or trainer_run_cpu_procs on a host without one.
@@ -476,6 +487,12 @@ class Forja:
         KeyboardInterrupt / `cancel`. A `cancel` before the unit started cancels the play instead
         (`Cancelled`, history "cancelled").
         """
+        if backend != "vm":
+            unsupported = {"script": script, "args": list(args), "project": project,
+                           "excludes": list(excludes), "procs": procs, "extravars": dict(extravars or {})}
+            return self._train_vertex(config, backend, vertex, unsupported, name=name, wait=wait, fetch=fetch,
+                                      checkpoints=checkpoints, timeout_s=timeout_s, poll_s=poll_s,
+                                      on_event=on_event, cancel=cancel)
         project_dir = Path(project).expanduser().resolve() if project else (
             self.project_dir if self.send_project else None
         )
@@ -597,6 +614,46 @@ class Forja:
             if rank0.final or not last.ok:
                 return self._finish(name, states, rank0, last, fetch=fetch, checkpoints=checkpoints)
             self.history.record_host_run(rank0, hosts=sorted({h for h, _ in states}))  # one started elsewhere
+
+    def _train_vertex(
+        self, config: str | Path | None, backend: str, options: VertexOptions | None,
+        unsupported: dict[str, Any], *, on_event: Callable[[ev.Event], None] | None = None, **how: Any,
+    ) -> TrainResult:
+        """`train(backend="vertex")`: forja/vertex.py does the work (its docstring says why so)."""
+        from forja import vertex
+
+        if backend != "vertex":
+            raise errors.ConfigError("backend", f"{backend!r} is not vm (the inventory's VM) or vertex")
+        return vertex.train(self, config, options=options, unsupported=unsupported,
+                            emit=self._fan_out(on_event), **how)
+
+    def vertex_follow(
+        self,
+        name: str,
+        options: VertexOptions | None = None,
+        *,
+        fetch: bool = True,
+        timeout_s: float | None = None,
+        poll_s: float | None = None,
+        on_event: Callable[[ev.Event], None] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> TrainResult:
+        """Follow a run sent with `forja train --backend vertex` until its Vertex AI job ends, then
+        fetch its logs and model from the bucket. The job is found by the run's name in the project
+        (FORJA_GCP_PROJECT) and region (--region). Ctrl-C or a timeout stop watching, never the job."""
+        from forja import vertex
+
+        return vertex.follow_run(self, name, options or vertex.VertexOptions(), fetch=fetch,
+                                 timeout_s=timeout_s, poll_s=poll_s, emit=self._fan_out(on_event),
+                                 cancel=cancel)
+
+    def vertex_cancel(self, name: str, options: VertexOptions | None = None) -> dict[str, Any]:
+        """Cancel the Vertex AI job of a run sent with `forja train --backend vertex`, found by the
+        run's name in the project (FORJA_GCP_PROJECT) and region (--region); returns the job once
+        Vertex says CANCELLED (or after a minute, as it is then). A job that ended is left alone."""
+        from forja import vertex
+
+        return vertex.cancel_run(self, name, options or vertex.VertexOptions())
 
     def _finish(
         self,

@@ -393,7 +393,11 @@ def _report_detached(result: Any, timeout: float | None, as_json: bool) -> None:
     """A run that goes on: its id on stdout (or JSON), how to follow and stop it on stderr.
     `--detach` exits 0; a `--timeout` that expired or a Ctrl-C exits 7 (the run is not failed)."""
     from forja.api import how_to_follow
+    from forja.cli_vertex import is_vertex_job
+    from forja.vertex import how_to_follow as how_to_follow_vertex
 
+    if is_vertex_job(result.hosts):
+        how_to_follow = how_to_follow_vertex
     limit = f" after the {fmt.duration(timeout)} --timeout" if timeout else ""
     why = {
         "detach": "started",
@@ -455,8 +459,24 @@ def train(
     max_down: MaxDown = "6h",
     max_down_usd: MaxDownUsd = None,
     poll: Poll = 30.0,
+    backend: Backend = "vm",
+    bucket: VertexBucket = None,
+    region: VertexRegion = None,
+    machine_type: VertexMachine = None,
+    accelerator: VertexAccelerator = None,
+    accelerator_count: VertexAcceleratorCount = None,
+    replicas: VertexReplicas = 1,
 ) -> None:
     args = list(ctx.meta.get("forja_script_args", []))
+    if backend != "vm":  # forja/cli_vertex.py: the same follow and printing, the job's own options
+        from forja import cli_vertex
+
+        options = cli_vertex.options(bucket, region, machine_type, accelerator, accelerator_count, replicas)
+        _follow_command(ctx, lambda f, interrupted: f.train(
+            config, script=script, args=args, project=project, name=name, excludes=exclude or [],
+            wait=not detach, checkpoints=checkpoints, timeout_s=timeout, procs=procs, cancel=interrupted,
+            backend=backend, vertex=options), timeout)  # fmt: skip
+        return
     if config is not None and script is None and config.is_file():  # bad input: train's own error says it
         _show_estimate(ctx, config)
     if managed:
@@ -491,6 +511,19 @@ MaxDownUsd = Annotated[
     float | None, typer.Option("--max-down-usd", help="Most dollars spent while down (the disk bills).")
 ]
 Poll = Annotated[float, typer.Option("--poll", help="Seconds between looks at the VM.")]
+Backend = Annotated[str, typer.Option("--backend", help="vm: the inventory's VM; vertex: a Vertex AI "
+                                      "custom job (the built-in trainer on CONFIG; `forja vertex --help`).")]
+VertexBucket = Annotated[str | None, typer.Option(
+    "--bucket", help="vertex: gs://BUCKET for the package and the results (default: the inventory's "
+    "gcp_bucket_name).")]
+VertexRegion = Annotated[str | None, typer.Option("--region", help="vertex: the region (us-central1).")]
+VertexMachine = Annotated[str | None, typer.Option("--machine-type", help="vertex: the machine of each "
+                                                   "replica (default: the VM's, g2-standard-8).")]
+VertexAccelerator = Annotated[str | None, typer.Option("--accelerator", help="vertex: e.g. NVIDIA_L4 "
+                                                       "(default: what the machine type carries).")]
+VertexAcceleratorCount = Annotated[int | None, typer.Option("--accelerator-count", help="vertex: GPUs per "
+                                                            "replica (default: the machine type's).")]
+VertexReplicas = Annotated[int, typer.Option("--replicas", help="vertex: machines in all (DDP across them).")]
 
 
 def _budget(recoveries: int, down: str, down_usd: float | None) -> Any:
@@ -885,6 +918,9 @@ app.add_typer(cli_data.data_app, name="data", help="Datasets: push a folder to t
 from forja import cli_model  # noqa: E402  - `forja model`, after `verb` and the printers it uses
 
 app.add_typer(cli_model.model_app, name="model", help="Trained models: push one to the Hugging Face Hub.")
+from forja import cli_vertex  # noqa: E402  - `forja vertex`, after `verb` and the printers it uses
+
+app.add_typer(cli_vertex.vertex_app, name="vertex", help="Runs sent with `forja train --backend vertex`.")
 
 
 # -- the web dashboard --------------------------------------------------------------------------

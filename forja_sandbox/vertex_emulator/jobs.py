@@ -78,6 +78,8 @@ class Job:
     region: str
     folder: Path
     replicas: list[Replica] = field(default_factory=list)
+    #: Package URIs already pip-installed into ``folder/packages`` (replicas share one install).
+    installed: set[str] = field(default_factory=set)
     cancel_asked: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -248,22 +250,45 @@ def package_path(uri: str) -> Path:
     return Path(uri.removeprefix("file://")).resolve()
 
 
+def download_package(job: Job, uri: str) -> Path:
+    """A ``gs://BUCKET/OBJECT`` package, fetched from the sandbox's Cloud Storage (google-cloud-storage
+    reads STORAGE_EMULATOR_HOST) into the job's folder, once per job; a missing object raises OSError,
+    which fails the job as a replica that could not start."""
+    from google.api_core import exceptions as api_exceptions
+    from google.cloud import storage
+
+    bucket, _, name = uri.removeprefix("gs://").partition("/")
+    dest = job.folder / "downloads" / name.rsplit("/", 1)[-1]
+    if not dest.is_file():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            storage.Client(project="forja-sandbox").bucket(bucket).blob(name).download_to_filename(str(dest))
+        except api_exceptions.GoogleAPICallError as exc:
+            dest.unlink(missing_ok=True)
+            raise OSError(f"{uri}: {exc}") from None
+    return dest
+
+
 def _python_path(job: Job, pool: WorkerPoolSpec) -> list[str]:
-    """Folders and wheels to import the pool's packages from; an sdist is pip-installed first."""
+    """Folders and wheels to import the pool's packages from; an sdist (local, or downloaded from
+    gs://) is pip-installed first, once per job, into the job's folder (``--no-deps``: the
+    replicas use the emulator's own Python, which has what the packages need)."""
     if "python_package_spec" not in pool:
         return []
     paths = []
     for uri in pool.python_package_spec.package_uris:
-        path = package_path(uri)
+        path = download_package(job, uri) if uri.startswith("gs://") else package_path(uri)
         if path.is_dir() or path.suffix in (".whl", ".zip"):
             paths.append(str(path))
             continue
         target = job.folder / "packages"
-        subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-             "--no-build-isolation", "--target", str(target), str(path)],
-            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        )  # fmt: skip
+        if uri not in job.installed:
+            subprocess.run(
+                [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+                 "--no-build-isolation", "--disable-pip-version-check", "--target", str(target), str(path)],
+                check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            )  # fmt: skip
+            job.installed.add(uri)
         paths.append(str(target))
     return paths
 

@@ -10,6 +10,7 @@ reported the way Vertex does: ``List of found errors:`` with each field's path.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -21,6 +22,8 @@ from .errors import VertexError, bad_payload, found_errors
 
 #: The request field that holds the body of CreateCustomJob (Google names paths from it).
 BODY_FIELD = "custom_job"
+#: google-cloud-storage's own setting for an emulator's endpoint: where gs:// packages are read.
+STORAGE_ENV = "STORAGE_EMULATOR_HOST"
 _UNKNOWN = re.compile(r'has no field named "(?P<name>[^"]+)" at "CustomJob(?P<path>[^"]*)"')
 _CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
 
@@ -108,8 +111,11 @@ def check_custom_job(job: CustomJob, region: str) -> None:
 
 
 def check_packages(job: CustomJob) -> None:
-    """The emulator imports packages from this machine only: a gs:// or missing path is refused
-    at create time, naming the field, rather than failing the job later."""
+    """A package is a ``gs://BUCKET/OBJECT`` of the sandbox's Cloud Storage (STORAGE_EMULATOR_HOST,
+    google-cloud-storage's own setting) or a path on this machine; anything else, a missing path,
+    or gs:// without a storage emulator is refused at create time, naming the field, rather than
+    failing the job later. A gs:// object that is not there fails the job when it starts (Vertex's
+    order: its replicas fetch the packages)."""
     problems = []
     for i, pool in enumerate(job.job_spec.worker_pool_specs):
         if "python_package_spec" not in pool:
@@ -117,9 +123,16 @@ def check_packages(job: CustomJob) -> None:
         for j, uri in enumerate(pool.python_package_spec.package_uris):
             where = f"job_spec.worker_pool_specs[{i}].python_package_spec.package_uris[{j}]"
             path = uri.removeprefix("file://")
-            if "://" in path:
+            if uri.startswith("gs://"):
+                bucket, _, name = uri.removeprefix("gs://").partition("/")
+                if not bucket or not name or name.endswith("/"):
+                    problems.append((where, f"{uri}: give a package object, gs://BUCKET/PATH/NAME.tar.gz."))
+                elif not os.environ.get(STORAGE_ENV):
+                    why = f"gs:// packages come from the sandbox's Cloud Storage; set {STORAGE_ENV}"
+                    problems.append((where, f"{uri}: {why}."))
+            elif "://" in path:
                 problems.append(
-                    (where, f"{uri}: the sandbox runs local packages; give a path on this machine.")
+                    (where, f"{uri}: the sandbox runs gs:// or local packages; give one of those.")
                 )
             elif not Path(path).exists():
                 problems.append((where, f"{uri}: no such file or folder on this machine."))

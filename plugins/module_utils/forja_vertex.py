@@ -15,11 +15,16 @@ import time
 from typing import Any
 
 import requests
-from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import GcpApiError, GcpClient, GcpError
-from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_machines import (
-    MachineSpecError,
-    resolve_gpus,
-)
+
+try:  # in Ansible (AnsiballZ) by FQCN; forja's controller loads the siblings by path (forja/module_utils.py)
+    from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import GcpApiError, GcpClient, GcpError
+    from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_machines import (
+        MachineSpecError,
+        resolve_gpus,
+    )
+except ImportError:
+    from forja_gcp import GcpApiError, GcpClient, GcpError  # type: ignore[no-redef]
+    from forja_gcp_machines import MachineSpecError, resolve_gpus  # type: ignore[no-redef]
 
 #: Vertex is regional: each region has its own endpoint.
 DEFAULT_API_URL = "https://{region}-aiplatform.googleapis.com/v1/"

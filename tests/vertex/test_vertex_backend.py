@@ -1,0 +1,261 @@
+"""`Forja.train(backend="vertex")` / `forja train --backend vertex` on the sandbox: the Vertex
+emulator runs the job's replica as a local process, which pip-installs the package forja built and
+uploaded to the Cloud Storage emulator, and the trainer mirrors its results into the same bucket.
+Everything goes over real HTTP through forja's own client (plugins/module_utils/forja_vertex.py)
+and google-cloud-storage; nothing of forja's is stood in for.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from trainer_helpers import tiny_digits
+from typer.testing import CliRunner
+
+from forja import vertex as forja_vertex
+from forja.api import Forja
+from forja.cli import app
+from forja.errors import ConfigError, ExitCode
+from forja.history import History
+from forja.vertex import VertexOptions
+from forja_sandbox.storage_emulator import StorageEmulator
+from forja_sandbox.vertex_emulator import VertexEmulator
+
+storage = pytest.importorskip("google.cloud.storage")
+PARENT = "projects/forja-sandbox/locations/us-central1"
+
+
+@pytest.fixture(scope="module")
+def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StorageEmulator]:
+    with StorageEmulator(data_dir=tmp_path_factory.mktemp("gcs")) as running:
+        yield running
+
+
+@pytest.fixture
+def sandbox(
+    emulator: VertexEmulator, gcs: StorageEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> VertexEmulator:
+    """Both emulators named the way forja and the replicas find them (their documented settings)."""
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs.url)
+    monkeypatch.setenv("FORJA_VERTEX_API_URL", f"{emulator.url}/v1/")
+    monkeypatch.setenv("FORJA_GCP_PROJECT", "forja-sandbox")
+    monkeypatch.setenv("FORJA_GCP_ACCESS_TOKEN", "sandbox-token")  # the emulator takes any bearer token
+    monkeypatch.setenv("FORJA_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the replica's torch: one thread on the 2-core CI box
+    for name in ("FORJA_INVENTORY", "ANSIBLE_INVENTORY", "FORJA_CHECKPOINT_BUCKET", "FORJA_RUN"):
+        monkeypatch.delenv(name, raising=False)
+    return emulator
+
+
+def new_bucket(name: str) -> Any:
+    return storage.Client().create_bucket(name)
+
+
+def names(bucket: Any, prefix: str = "") -> list[str]:
+    return sorted(b.name for b in bucket.client.list_blobs(bucket.name, prefix=prefix))
+
+
+def generations(bucket: Any, prefix: str) -> dict[str, int]:
+    return {b.name: b.generation for b in bucket.client.list_blobs(bucket.name, prefix=prefix)}
+
+
+def config_file(tmp_path: Path, steps: int) -> Path:
+    path = tmp_path / "tiny.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(tiny_digits(tmp_path, steps=steps)))
+    return path
+
+
+def test_a_config_trains_as_a_vertex_job_and_its_results_land_in_the_bucket(
+    sandbox: VertexEmulator, tmp_path: Path
+) -> None:
+    bucket = new_bucket("vertex-results")
+    forja = Forja(project_dir=tmp_path, history=History(tmp_path / "history.db"))
+    said: list[str] = []
+    config = config_file(tmp_path, steps=12)
+    result = forja.train(
+        config,
+        name="tiny-vertex",
+        backend="vertex",
+        poll_s=0.1,
+        vertex=VertexOptions(bucket="gs://vertex-results"),
+        on_event=lambda e: said.append(getattr(e, "text", "")),
+    )
+
+    job = sandbox.job(result.hosts[0])
+    logs = {r.label: r.log.read_text()[-2000:] for r in job.replicas}
+    assert result.status == "completed", logs
+    spec = job.proto.job_spec.worker_pool_specs[0]
+    assert spec.machine_spec.machine_type == "g2-standard-8"  # the project's VM, from roles/gcp_instance
+    assert spec.machine_spec.accelerator_type.name == "NVIDIA_L4" and spec.machine_spec.accelerator_count == 1
+    (package,) = spec.python_package_spec.package_uris
+    assert package.startswith("gs://vertex-results/vertex/packages/") and package.endswith(".tar.gz")
+    assert (
+        job.proto.job_spec.base_output_directory.output_uri_prefix
+        == "gs://vertex-results/vertex/runs/tiny-vertex/"
+    )
+
+    run = names(bucket, "vertex/runs/tiny-vertex/")
+    prefix = "vertex/runs/tiny-vertex/"
+    # where Vertex's AIP_CHECKPOINT_DIR and AIP_MODEL_DIR point: <baseOutputDirectory>/checkpoints/, /model/
+    assert {f"{prefix}checkpoints/ckpt-12.pt", f"{prefix}checkpoints/ckpt-12.pt.complete.json"} <= set(run), (
+        run
+    )
+    assert {
+        f"{prefix}logs/metrics.jsonl",
+        f"{prefix}model/model.json",
+        f"{prefix}model/model.safetensors",
+    } <= set(run)
+    assert result.summary["steps"] == 12 and result.summary["final_loss"] > 0, result.summary
+    assert result.artifact_dir == tmp_path / "forja-runs" / "tiny-vertex" / "vertex"
+    assert json.loads((result.artifact_dir / "model" / "model.json").read_text())["step"] == 12
+    assert not (result.artifact_dir / "checkpoints").exists(), (
+        "checkpoints stay in the bucket unless asked for"
+    )
+    states = [t.rsplit(": ", 1)[-1] for t in said if t.startswith("job ") and ": JOB_STATE" in t]
+    assert states[-1] == "JOB_STATE_SUCCEEDED" and "JOB_STATE_RUNNING" in states, said
+    record = forja.history.get("tiny-vertex")
+    assert record.status == "completed" and record.hosts == [job.proto.name]
+
+    # The same trainer and config again: the package is there under its hash, nothing is uploaded;
+    # sent without waiting, then cancelled by the run's name.
+    before = generations(bucket, "vertex/packages/")
+    again = forja.train(
+        config,
+        name="tiny-again",
+        backend="vertex",
+        wait=False,
+        vertex=VertexOptions(bucket="gs://vertex-results"),
+    )
+    after = generations(bucket, "vertex/packages/")
+    assert again.detached == "detach" and after == before and len(after) == 1
+    sent = sandbox.job(again.hosts[0]).proto.job_spec.worker_pool_specs[0].python_package_spec
+    assert list(sent.package_uris) == [package]
+    cancelled = forja.vertex_cancel("tiny-again")
+    assert cancelled["state"] == "JOB_STATE_CANCELLED", cancelled
+    assert all(r.proc is None or r.proc.poll() is not None for r in sandbox.job(again.hosts[0]).replicas)
+    assert forja.history.get("tiny-again").status == "cancelled"
+
+
+def test_ctrl_c_stops_watching_and_follow_picks_the_job_up_to_its_end(
+    sandbox: VertexEmulator, tmp_path: Path
+) -> None:
+    new_bucket("vertex-follow")
+    forja = Forja(project_dir=tmp_path, history=History(tmp_path / "history.db"))
+    interrupted = threading.Event()
+    interrupted.set()  # what the CLI's Ctrl-C handler does: the job is sent, the watching stops
+    options = VertexOptions(bucket="gs://vertex-follow")
+    left = forja.train(config_file(tmp_path, steps=5), name="left", backend="vertex", vertex=options,
+                       cancel=interrupted)  # fmt: skip
+    assert left.detached == "interrupted" and left.status == "running"
+    assert forja.history.get("left").status == "running"
+    done = forja.vertex_follow("left", options, poll_s=0.1)
+    assert done.status == "completed" and done.summary["steps"] == 5, done
+    assert sandbox.job(done.hosts[0]).proto.name == left.hosts[0]
+    assert forja.history.get("left").status == "completed"
+
+
+def test_a_machine_without_that_accelerator_is_refused_before_anything_is_uploaded(
+    sandbox: VertexEmulator, tmp_path: Path
+) -> None:
+    bucket = new_bucket("vertex-refused")
+    forja = Forja(project_dir=tmp_path, history=History(tmp_path / "history.db"))
+    bad = VertexOptions(bucket="gs://vertex-refused", accelerator_type="NVIDIA_TESLA_T4", accelerator_count=1)
+    with pytest.raises(ConfigError) as refused:
+        forja.train(config_file(tmp_path, steps=1), name="t4-on-g2", backend="vertex", vertex=bad)
+    assert refused.value.field == "accelerator_type", refused.value.message
+    assert "g2-standard-8" in refused.value.message and "--accelerator" in refused.value.message
+    with pytest.raises(ConfigError) as no_bucket:
+        forja.train(config_file(tmp_path, steps=1), name="no-bucket", backend="vertex")
+    assert no_bucket.value.field == "bucket" and "--bucket gs://BUCKET" in no_bucket.value.message
+    with pytest.raises(ConfigError, match="gs://vertex-nosuch does not exist; create it"):
+        forja.train(config_file(tmp_path, steps=1), name="no-such-bucket", backend="vertex",
+                    vertex=VertexOptions(bucket="gs://vertex-nosuch"))  # fmt: skip
+    assert names(bucket) == [], "nothing was uploaded"
+    assert [
+        j
+        for j in sandbox.store.list(PARENT)
+        if j.proto.display_name in ("t4-on-g2", "no-bucket", "no-such-bucket")
+    ] == []
+
+
+def test_the_cli_sends_detached_cancels_and_refuses_bad_input(
+    sandbox: VertexEmulator, tmp_path: Path
+) -> None:
+    runner = CliRunner()
+    new_bucket("vertex-cli")
+    config = str(config_file(tmp_path, steps=1))
+    vertex = ["--backend", "vertex", "--bucket", "gs://vertex-cli"]
+    refused = runner.invoke(
+        app,
+        ["--json", "train", config, *vertex, "--accelerator", "NVIDIA_TESLA_T4", "--accelerator-count", "1"],
+    )
+    assert refused.exit_code == ExitCode.USAGE, refused.output
+    assert json.loads(refused.stdout)["field"] == "accelerator_type"
+
+    sent = runner.invoke(app, ["train", config, *vertex, "--name", "cli-run", "--detach"])
+    assert sent.exit_code == 0, sent.output
+    assert sent.stdout.strip().splitlines()[-1] == "cli-run"
+    assert "forja vertex cancel cli-run" in sent.output  # how to follow and cancel it, said at once
+    cancelled = runner.invoke(app, ["vertex", "cancel", "cli-run"])
+    assert cancelled.exit_code == 0 and "JOB_STATE_CANCELLED" in cancelled.stdout, cancelled.output
+
+    unknown = runner.invoke(app, ["vertex", "cancel", "no-such-run"])
+    assert unknown.exit_code == ExitCode.NOT_FOUND, unknown.output
+    assert "no Vertex AI job of run 'no-such-run'" in unknown.output
+
+
+def test_the_package_is_named_by_what_goes_in(tmp_path: Path) -> None:
+    one, other = config_file(tmp_path / "a", steps=1), config_file(tmp_path / "b", steps=2)
+    same = forja_vertex.content_hash(forja_vertex._package_files(one))
+    assert same == forja_vertex.content_hash(forja_vertex._package_files(one))
+    assert same != forja_vertex.content_hash(forja_vertex._package_files(other))
+
+
+def package_job(uri: str) -> dict[str, Any]:
+    pool = {
+        "machine_spec": {"machine_type": "n1-standard-4"},
+        "replica_count": 1,
+        "python_package_spec": {
+            "executor_image_uri": forja_vertex.EXECUTOR_IMAGE,
+            "package_uris": [uri],
+            "python_module": "trainer",
+            "args": ["--help"],
+        },
+    }
+    return {"display_name": "gs-package", "job_spec": {"worker_pool_specs": [pool]}}
+
+
+def test_the_emulator_reads_gs_packages_only_from_the_storage_emulator(
+    sandbox: VertexEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from google.api_core import exceptions
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import aiplatform_v1
+    from google.cloud.aiplatform_v1.types import JobState
+
+    client = aiplatform_v1.JobServiceClient(
+        transport="rest", client_options={"api_endpoint": sandbox.url}, credentials=AnonymousCredentials()
+    )
+    new_bucket("vertex-missing")
+    job = client.create_custom_job(parent=PARENT, custom_job=package_job("gs://vertex-missing/p/none.tar.gz"))
+    job = until_final(client, job.name)
+    assert job.state == JobState.JOB_STATE_FAILED and "A replica could not start" in job.error.message, job
+    assert "none.tar.gz" in job.error.message
+
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST")
+    with pytest.raises(exceptions.BadRequest, match="STORAGE_EMULATOR_HOST"):
+        client.create_custom_job(parent=PARENT, custom_job=package_job("gs://vertex-missing/p/none.tar.gz"))
+
+
+def until_final(client: Any, name: str) -> Any:
+    from trainer_helpers import until
+
+    final = ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED")
+    return until(lambda: (j := client.get_custom_job(name=name)).state.name in final and j, 30, name)

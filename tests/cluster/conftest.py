@@ -21,6 +21,9 @@ assert _spec is not None and _spec.loader is not None
 _gcp_conftest = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_gcp_conftest)
 no_outbound_network = _gcp_conftest.no_outbound_network  # autouse: nothing leaves this machine
+only_googles_background_lookup_left_the_machine = (  # a test module asks for it (usefixtures)
+    _gcp_conftest.only_googles_background_lookup_left_the_machine
+)
 
 
 @pytest.fixture

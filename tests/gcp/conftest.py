@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import threading
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,23 @@ def emulator():
 def key_file(emulator, tmp_path: Path) -> Path:
     """A real service-account key whose token_uri is the emulator's."""
     return emulator.write_service_account_key(tmp_path / "sa-key.json")
+
+
+#: google-auth's Regional Access Boundary lookup, which Google's clients start on their own thread.
+BACKGROUND_LOOKUP = "iamcredentials.googleapis.com"
+
+
+@pytest.fixture
+def only_googles_background_lookup_left_the_machine(no_outbound_network: list[str]):
+    """Anything but google-auth's own lookup (e.g. a call to compute.googleapis.com) fails the test.
+
+    The lookup threads are joined first, while the guard still stands: one that ran late would
+    otherwise reach the network, or land in the next test's guard.
+    """
+    yield
+    for thread in threading.enumerate():
+        if type(thread).__name__ == "_RegionalAccessBoundaryRefreshThread":
+            thread.join(timeout=10)
+    stray = [a for a in no_outbound_network if BACKGROUND_LOOKUP not in a]
+    no_outbound_network.clear()
+    assert stray == [], f"a Google client went past the emulator: {stray}"

@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from forja import errors, runstate
+from forja import errors, machines, runstate
 from forja import format as fmt
 from forja.contract import InstanceState
 from forja.runner import forja_home
@@ -46,10 +46,10 @@ from forja.runner import forja_home
 if TYPE_CHECKING:
     from forja.api import Forja
 
-#: Google's error codes for a zone that has no capacity for the VM (see gcp_gpu_instance).
-STOCKOUT_CODES = ("ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS")
-#: Statuses a VM passes through on its way up or down: wait and look again.
-SETTLING = ("PROVISIONING", "STAGING", "STOPPING", "SUSPENDING", "REPAIRING", "PENDING_STOP")
+#: Google's error codes for a zone out of capacity, and the statuses of a VM on its way up or down:
+#: the machine catalog's, which gcp_gpu_instance acts on too.
+STOCKOUT_CODES: tuple[str, ...] = machines.catalog().STOCKOUT_CODES
+SETTLING: tuple[str, ...] = machines.catalog().SETTLING_STATES
 
 
 def run_ended(status: str | None) -> bool:

@@ -8,12 +8,14 @@ same file by path through ``forja.machines``, so it imports nothing but the stan
 no Ansible, no forja. Prices are not here: ``forja/cost/prices.yaml`` holds them keyed by each
 type's ``price_key``.
 
-It also checks a machine type against the GPUs asked for before any API call. Accelerator-optimized
-families (G2, A2, A3) come with their GPUs attached by the machine type: asking for another GPU
-model or count is a mistake we can name before the API answers with a less helpful 400. N1 accepts
-attached GPUs in fixed counts. Every other family takes none. The tables follow Google's "GPU
-machine types" and "general-purpose machine family" pages; a machine type missing here is still
-checked by the API (machineTypes.get) before anything is created.
+It also holds the codes of a zone out of capacity and the statuses of a VM on its way up or down,
+which the module and forja's Spot watcher both act on. It checks a machine type against the GPUs
+asked for before any API call. Accelerator-optimized families (G2, A2, A3) come with their GPUs
+attached by the machine type: asking for another GPU model or count is a mistake we can name before
+the API answers with a less helpful 400. N1 accepts attached GPUs in fixed counts. Every other
+family takes none. The tables follow Google's "GPU machine types" and "general-purpose machine
+family" pages; a machine type missing here is still checked by the API (machineTypes.get) before
+anything is created.
 """
 
 from __future__ import annotations
@@ -120,6 +122,13 @@ COMPACT_PLACEMENT_FAMILIES = (
 def supports_compact_placement(machine_type: str) -> bool:
     """Whether Compute Engine accepts a compact placement policy for this machine type's series."""
     return machine_type.split("-", 1)[0] in COMPACT_PLACEMENT_FAMILIES
+
+
+#: Google's error codes for a zone that has no capacity for the machine type right now (a stock-out):
+#: the module moves to the next zone on them, forja's Spot watcher waits and tries again.
+STOCKOUT_CODES = ("ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS")
+#: Instance statuses a VM passes through on its way up or down: wait and look again.
+SETTLING_STATES = ("PROVISIONING", "STAGING", "STOPPING", "SUSPENDING", "REPAIRING", "PENDING_STOP")
 
 
 MACHINE_TYPE_RE = re.compile(r"^[a-z][a-z0-9]*-[a-z0-9-]+$")

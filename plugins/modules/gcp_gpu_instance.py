@@ -33,6 +33,8 @@ from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_instance impor
     wanted_metadata,
 )
 from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_machines import (
+    SETTLING_STATES,
+    STOCKOUT_CODES,
     MachineSpecError,
     resolve_gpus,
 )
@@ -343,8 +345,6 @@ actions:
   sample: ["insert in us-east1-d", "setLabels"]
 """
 
-STOCKOUT_CODES = ("ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS")
-SETTLING_STATES = ("PROVISIONING", "STAGING", "STOPPING", "SUSPENDING", "REPAIRING", "PENDING_STOP")
 
 ARGUMENT_SPEC: dict[str, Any] = {
     "name": {"type": "str", "required": True},

@@ -17,7 +17,7 @@ import typer
 
 from forja.api import Forja
 from forja.cli import _emit_json, _follow_command, _forja, _opts, out, verb
-from forja.vertex import DEFAULT_REGION, VertexOptions
+from forja.vertex import DEFAULT_REGION, POLL_S, VertexOptions
 
 vertex_app = typer.Typer(name="vertex", no_args_is_help=True)
 
@@ -51,9 +51,14 @@ def follow(
     timeout: Annotated[
         float | None, typer.Option("--timeout", help="Stop following after S s; the job goes on (exit 7).")
     ] = None,
+    poll: Annotated[
+        float, typer.Option("--poll", help="Seconds between two looks at the job's state and new log lines.")
+    ] = POLL_S,
 ) -> None:
     def action(f: Forja, interrupted: threading.Event) -> Any:
-        return f.vertex_follow(name, VertexOptions(region=region), timeout_s=timeout, cancel=interrupted)
+        return f.vertex_follow(
+            name, VertexOptions(region=region), timeout_s=timeout, poll_s=poll, cancel=interrupted
+        )
 
     _follow_command(ctx, action, timeout)
 

@@ -17,6 +17,11 @@ Why it is built this way:
   ``<project>/forja-runs/<run>/vertex/``.
 * Bad input (no bucket, no project, a machine without that accelerator) fails before anything is
   built or sent. Following never cancels: Ctrl-C, ``wait=False`` or a timeout only stop watching.
+* Following streams the replicas' output from Cloud Logging, where Vertex writes it (resource
+  ``ml_job``), each line said with its replica's ``task_name``. Which lines are new is decided by
+  the entries' own timestamps and insertIds, never by this machine's clock, and each poll looks
+  back LOG_LOOKBACK_S (by those timestamps) for lines Logging ingested late. A log that cannot be
+  read is said once and the job is still followed to its end.
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -61,6 +67,12 @@ RUN_ENV = "FORJA_RUN"
 POLL_S = 5.0
 #: Seconds `cancel` waits for CANCELLING to become CANCELLED before it returns the state as it is.
 CANCEL_WAIT_S = 60.0
+#: Seconds (of the entries' own timestamps) each poll of the logs reads again, for lines Cloud
+#: Logging ingests after newer ones; the lines already said are known by their insertId.
+LOG_LOOKBACK_S = 60.0
+#: The replicas' Python writes each line as it goes (a pipe would otherwise hold it in a buffer
+#: until the process ends), so the logs can be followed while the job runs.
+REPLICA_ENV = {"PYTHONUNBUFFERED": "1"}
 _STATUS = {
     "JOB_STATE_SUCCEEDED": "completed", "JOB_STATE_FAILED": "failed", "JOB_STATE_CANCELLED": "cancelled",
     "JOB_STATE_EXPIRED": "failed", "JOB_STATE_PARTIALLY_SUCCEEDED": "failed",
@@ -112,6 +124,13 @@ def _jobs(project: str, region: str) -> Any:
     config = gcp.GcpConfig(project=project, scopes=vertex.SCOPES, user_agent="forja-vertex/0.1")
     config.api_url = vertex.api_url(region, None, dict(config.env))
     return vertex.VertexJobs(gcp.GcpClient(config), project, region)
+
+
+def _logs(project: str) -> Any:
+    """A VertexLogs of the project over forja's one GCP client (FORJA_LOGGING_API_URL or Google's)."""
+    gcp, vertex = module_utils.load("forja_gcp"), vertex_module()
+    config = gcp.GcpConfig(project=project, scopes=vertex.SCOPES, user_agent="forja-vertex/0.1")
+    return vertex.VertexLogs(gcp.GcpClient(config), project, vertex.logging_url(None, dict(config.env)))
 
 
 def _project(options: VertexOptions, where: dict[str, Any]) -> str:
@@ -176,7 +195,7 @@ def job_body(run_id: str, options: VertexOptions, package: str, runs_url: str) -
             "--set", f"checkpoint_bucket={runs_url}"]  # fmt: skip
     params = {
         "display_name": run_id,
-        "worker_pools": worker_pools(options, package, args, {RUN_ENV: run_id}),
+        "worker_pools": worker_pools(options, package, args, {RUN_ENV: run_id, **REPLICA_ENV}),
         "base_output_dir": f"{runs_url}/{run_id}/",
         "service_account": options.service_account,
         "timeout": options.job_timeout_s,
@@ -334,15 +353,20 @@ def storage_errors(bucket: str) -> Iterator[None]:
 @contextlib.contextmanager
 def vertex_errors() -> Iterator[None]:
     """The Vertex client's errors (an HTTP 400 with Google's message, no network) as forja's."""
-    gcp = module_utils.load("forja_gcp")
     try:
         yield
-    except gcp.GcpApiError as exc:
+    except gcp_errors("GcpApiError") as exc:
         if exc.status == 400:
             raise errors.ConfigError("vertex", f"Vertex AI refused the job: {exc}") from None
         raise errors.ForjaError(f"Vertex AI: {exc}") from None
-    except gcp.GcpError as exc:
+    except gcp_errors("GcpError") as exc:
         raise errors.ForjaError(f"Vertex AI: {exc}") from None
+
+
+def gcp_errors(name: str) -> tuple[type[Exception], ...]:
+    """forja_gcp's error class ``name`` as forja loads it by path and as forja_vertex imported it
+    (the installed collection's copy, when Ansible's collection loader is active): either is raised."""
+    return tuple({getattr(module_utils.load("forja_gcp"), name), getattr(vertex_module(), name)})
 
 
 def find(run_id: str, options: VertexOptions) -> dict[str, Any]:
@@ -358,6 +382,72 @@ def find(run_id: str, options: VertexOptions) -> dict[str, Any]:
     return dict(found[-1])
 
 
+def parse_timestamp(value: str) -> datetime:
+    """An RFC 3339 timestamp as Logging writes it (up to nine fraction digits, ``Z`` or an offset)."""
+    head, _, frac = value.rstrip("Zz").partition(".")
+    zone = "+00:00"
+    for sign in "+-":
+        if sign in frac:
+            frac, _, offset = frac.partition(sign)
+            zone = sign + offset
+    if not frac and len(head) > 19:  # no fraction, an offset after the seconds
+        head, zone = head[:19], head[19:]
+    stamp = datetime.fromisoformat(head + zone).astimezone(timezone.utc)
+    return stamp + timedelta(microseconds=int(frac[:6].ljust(6, "0")) if frac else 0)
+
+
+def format_timestamp(stamp: datetime) -> str:
+    return stamp.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass
+class LogTail:
+    """The lines of one job not said yet, poll after poll (see the module docstring: why no clock)."""
+
+    logs: Any
+    job_id: str
+    #: The job's createTime (Vertex's clock): nothing of the job is older.
+    since: str
+    lookback_s: float = LOG_LOOKBACK_S
+    #: insertId -> timestamp of the lines said within the look-back window.
+    said: dict[str, datetime] = field(default_factory=dict)
+
+    def poll(self) -> list[dict[str, Any]]:
+        newest = max(self.said.values(), default=None)
+        bound = (
+            self.since if newest is None else format_timestamp(newest - timedelta(seconds=self.lookback_s))
+        )
+        fresh = [e for e in self.logs.entries(self.job_id, bound) if e.get("insertId") not in self.said]
+        for entry in fresh:
+            self.said[entry.get("insertId", "")] = parse_timestamp(entry["timestamp"])
+        if fresh:
+            oldest_kept = max(self.said.values()) - timedelta(seconds=self.lookback_s)
+            self.said = {k: t for k, t in self.said.items() if t >= oldest_kept}
+        return fresh
+
+
+def _say_lines(tail: LogTail | None, emit: Callable[[ev.Event], None]) -> LogTail | None:
+    """Each new line as an announcement by its replica; None (logs no longer read) once they fail."""
+    if tail is None:
+        return None
+    try:
+        entries = tail.poll()
+    except gcp_errors("GcpError") as exc:
+        emit(
+            ev.Announcement(
+                0, host="vertex", text=f"the job's logs cannot be read ({exc}); following its state"
+            )
+        )
+        return None
+    for entry in entries:
+        replica = entry.get("resource", {}).get("labels", {}).get("task_name", "replica")
+        text = entry.get("textPayload")
+        if text is None:
+            text = json.dumps(entry.get("jsonPayload", {}))
+        emit(ev.Announcement(0, host=replica, text=text))
+    return tail
+
+
 def watch(
     job_name: str,
     options: VertexOptions,
@@ -368,8 +458,9 @@ def watch(
     timeout_s: float | None = None,
     cancel: threading.Event | None = None,
 ) -> tuple[dict[str, Any], str | None]:
-    """Poll the job, announcing each new state, until it ends: (job, None); or until `timeout_s`,
-    `cancel` or Ctrl-C stop the watching while the job goes on: (job, "timeout" | "interrupted")."""
+    """Poll the job, announcing each new state and its replicas' new log lines, until it ends:
+    (job, None); or until `timeout_s`, `cancel` or Ctrl-C stop the watching while the job goes on:
+    (job, "timeout" | "interrupted")."""
     vertex = vertex_module()
     token = cancel or threading.Event()
     deadline = None if not timeout_s else time.monotonic() + timeout_s
@@ -377,13 +468,14 @@ def watch(
     try:
         with vertex_errors():
             jobs = _jobs(project, options.region)
+            job_id = job_name.rsplit("/", 1)[-1]
+            job = jobs.get(job_name)
+            tail: LogTail | None = LogTail(_logs(project), job_id, job.get("createTime", ""))
             while True:
-                job = jobs.get(job_name)
                 state = job.get("state", "")
+                tail = _say_lines(tail, emit)  # read after the state: a final state's lines are all in
                 if state != seen:
-                    emit(
-                        ev.Announcement(0, host="vertex", text=f"job {job_name.rsplit('/', 1)[-1]}: {state}")
-                    )
+                    emit(ev.Announcement(0, host="vertex", text=f"job {job_id}: {state}"))
                     seen = state
                 if state in vertex.FINAL_STATES:
                     return job, None
@@ -392,6 +484,7 @@ def watch(
                 wait = poll_s if deadline is None else max(0.0, min(poll_s, deadline - time.monotonic()))
                 if token.wait(wait):
                     return job, "interrupted"
+                job = jobs.get(job_name)
     except KeyboardInterrupt:
         return {"name": job_name, "state": seen}, "interrupted"
 
@@ -403,9 +496,11 @@ def status_of(job: dict[str, Any]) -> str:
 
 def fetch_results(forja: Any, bucket: str, run_id: str, dest: Path, checkpoints: bool = False) -> dict:
     """The run's logs and model from gs://BUCKET/vertex/runs/<run>/ into `dest` (checkpoints only if
-    asked); the summary: summary.json when the bucket has one, else the trainer's headline figures
-    from the last metrics line (the trainer mirrors metrics.jsonl, not summary.json)."""
+    asked); the summary: the trainer's own summary.json, which its mirror uploads beside the logs
+    (``logs/summary.json``, trainer.mirror.SUMMARY_FILE), else (a trainer that did not upload it)
+    the headline figures of the last metrics line."""
     from forja import datasets
+    from trainer.mirror import SUMMARY_FILE
     from trainer.summary import Summary
 
     where = datasets.settings(forja, f"gs://{bucket}")
@@ -422,8 +517,11 @@ def fetch_results(forja: Any, bucket: str, run_id: str, dest: Path, checkpoints:
         path = dest / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         blob.download_to_filename(str(path))
-    if (dest / "summary.json").is_file():
-        return dict(json.loads((dest / "summary.json").read_text()))
+    uploaded = dest / "logs" / SUMMARY_FILE
+    if uploaded.is_file():
+        dest.mkdir(parents=True, exist_ok=True)
+        (dest / "summary.json").write_bytes(uploaded.read_bytes())
+        return dict(json.loads(uploaded.read_text()))
     rows = [json.loads(line) for line in _lines(dest / "logs" / "metrics.jsonl")]
     last = rows[-1] if rows else {}
     summary = Summary.from_dict({
@@ -455,9 +553,10 @@ def finish(
     status = status_of(job)
     summary: dict[str, Any] = {}
     artifact: Path | None = None
-    if status == "completed" and fetch:
+    output = job.get("jobSpec", {}).get("baseOutputDirectory", {}).get("outputUriPrefix", "")
+    if status == "completed" and fetch and output.startswith("gs://"):
         artifact = forja.results_dir(run_id) / "vertex"
-        bucket = job["jobSpec"]["baseOutputDirectory"]["outputUriPrefix"].removeprefix("gs://").split("/")[0]
+        bucket = output.removeprefix("gs://").split("/")[0]
         summary = fetch_results(forja, bucket, run_id, artifact, checkpoints)
     message = (job.get("error") or {}).get("message")
     forja.history.update(

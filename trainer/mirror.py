@@ -14,11 +14,12 @@ Layout of a run's prefix::
     .partial/ckpt-<step>.pt.<id>    an upload in progress, or one a crash abandoned: never read
 
 and beside it, ``gs://BUCKET/PREFIX/<run>/logs/``: the run folder's ``events.jsonl`` and
-``metrics.jsonl`` (whole lines only), overwritten after each checkpoint is marked complete and once
-more when the mirror closes. The run's history lives in them (sessions, preemptions, the steps a
-resume redid): a start on a fresh disk (a new VM in another zone) downloads them before it writes
-anything, so the history and the resume's lost steps count the sessions the lost disk saw. Local
-logs are never overwritten, and a failed log upload only costs a warning.
+``metrics.jsonl`` (whole lines only) and ``summary.json`` once the run has one, overwritten after
+each checkpoint is marked complete and once more when the mirror closes. The run's history lives
+in them (sessions, preemptions, the steps a resume redid): a start on a fresh disk (a new VM in
+another zone) downloads the two logs before it writes anything, so the history and the resume's
+lost steps count the sessions the lost disk saw. Local logs are never overwritten, and a failed
+log upload only costs a warning.
 
 Atomic: the bytes go to a ``.partial/`` name first (a resumable upload, in chunks), are copied to
 the final name, and only then does the marker appear. A reader takes nothing without a marker,
@@ -89,6 +90,10 @@ CHUNK_SIZE = 32 << 20
 REQUEST_TIMEOUT_S = (10.0, 120.0)
 #: The run folder's logs mirrored to ``PREFIX/<run>/logs/<name>`` (the run's history, see above).
 LOG_FILES = ("events.jsonl", "metrics.jsonl")
+#: The run's summary (trainer.report.write_summary, replaced whole) goes up beside the logs, so a run
+#: whose disk is gone (a Vertex AI replica, a deleted VM) still has it in the bucket; it is not
+#: restored at a start: the session that ends writes its own.
+SUMMARY_FILE = "summary.json"
 MARKER_RE = re.compile(r"^ckpt-(\d+)\.pt" + re.escape(MARKER_SUFFIX) + "$")
 # Cloud Storage bucket names: 3-63 characters, lower-case letters, digits, '-', '_' and '.'.
 BUCKET_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
@@ -433,7 +438,7 @@ class CheckpointMirror:
         if self.run_dir is None or self._logs_held is not None:
             return False
         ok = True
-        for name in LOG_FILES:
+        for name in (*LOG_FILES, SUMMARY_FILE):
             try:
                 data = (self.run_dir / name).read_bytes()
             except FileNotFoundError:
@@ -448,7 +453,10 @@ class CheckpointMirror:
                 continue
             try:
                 self.bucket().blob(self.logs_prefix + name).upload_from_string(
-                    data, content_type="application/x-ndjson", retry=None, timeout=REQUEST_TIMEOUT_S
+                    data,
+                    content_type="application/json" if name == SUMMARY_FILE else "application/x-ndjson",
+                    retry=None,
+                    timeout=REQUEST_TIMEOUT_S,
                 )
             except Exception as exc:  # the logs are history, not the run: never a reason to stop
                 log.warning(

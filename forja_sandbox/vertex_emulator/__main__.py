@@ -19,11 +19,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     parser.add_argument("--port", type=int, default=0, help="port to bind (default: any free port)")
     parser.add_argument("--work-dir", type=Path, help="where replica logs go (default: a temporary folder)")
+    parser.add_argument("--test-host", type=int, action="append", default=[], metavar="N",
+                        help="run replicas on test host thN (booted with the Deep Learning VM image; repeat "
+                             "it for more hosts; default: local processes)")  # fmt: skip
     args = parser.parse_args(argv)
+    hosts: tuple = ()
+    if args.test_host:
+        from forja_sandbox import testhosts
+
+        hosts = tuple(testhosts.up(n, image="dlvm") for n in args.test_host)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    with VertexEmulator(args.host, args.port, args.work_dir) as emulator:
+    with VertexEmulator(args.host, args.port, args.work_dir, hosts) as emulator:
         print(emulator.url, flush=True)
         stop.wait()
     return 0

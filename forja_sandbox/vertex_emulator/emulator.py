@@ -12,22 +12,37 @@ import tempfile
 import threading
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
+from .cloud_logging import LogStore
 from .jobs import Job, JobStore
 from .server import VertexHTTPServer
 
+if TYPE_CHECKING:
+    from forja_sandbox.testhosts import Host
+
 
 class VertexEmulator:
-    """A local Vertex AI API (CustomJob create/get/list/cancel) on a real loopback HTTP port.
+    """A local Vertex AI API (CustomJob create/get/list/cancel) on a real loopback HTTP port, with
+    Cloud Logging's ``entries:list`` for the replicas' output on the same port.
 
     ``work_dir`` holds each job's replica logs (``jobs/<id>/workerpool<p>-<i>.log``) and installed
-    packages; None: a temporary folder, removed on stop.
+    packages; None: a temporary folder, removed on stop. ``hosts``: test hosts (booted, e.g. by
+    ``testhosts.up(N, image="dlvm")``) the replicas run on, round robin; none: local processes.
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, work_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        work_dir: Path | None = None,
+        hosts: tuple[Host, ...] = (),
+    ) -> None:
         self._own_dir = work_dir is None
         self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="forja-vertex-")).resolve()
-        self.store = JobStore(self.work_dir)
+        #: The replicas' output as Cloud Logging entries, served on the same port (``v2/entries:list``).
+        self.logs = LogStore()
+        self.store = JobStore(self.work_dir, self.logs, tuple(hosts))
         self._server = VertexHTTPServer((host, port), self)
         self.host = host
         self.port = int(self._server.server_address[1])
@@ -35,7 +50,7 @@ class VertexEmulator:
 
     @property
     def url(self) -> str:
-        """The value for the client's ``api_endpoint`` (scheme, host, port)."""
+        """The value for the client's ``api_endpoint`` (scheme, host, port), Vertex's and Logging's."""
         return f"http://{self.host}:{self.port}"
 
     def start(self) -> VertexEmulator:

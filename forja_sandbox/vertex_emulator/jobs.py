@@ -7,6 +7,14 @@ runs ``python -m <pythonModule> <args>`` with its packages importable, a contain
 with every address on 127.0.0.1 and a port of its own. The job ends as Vertex's does: SUCCEEDED
 when the primary replica (workerpool0, replica 0) exits 0 and no replica failed, FAILED when a
 replica exits non-zero (the others are stopped), CANCELLED after a cancel stops them all.
+
+Given test hosts, each replica runs on one of them over SSH instead (hosts.py); without, on
+this machine.
+
+Each line a replica writes becomes a Cloud Logging entry (cloud_logging.LogStore: resource
+``ml_job``, its ``task_name``; stdout INFO, stderr ERROR) as it is written, and goes to the
+replica's log file too. The job reaches its final state only after its replicas' output is read to
+the end (bounded), so a client that reads the logs once the job is over gets every line.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, TYPE_CHECKING
 
 from google.cloud.aiplatform_v1.types import CustomJob, JobState, WorkerPoolSpec
 from google.protobuf import timestamp_pb2
@@ -29,7 +38,12 @@ from google.rpc import status_pb2
 
 from forja_sandbox.storage_emulator import free_port
 
+from . import hosts as remote
+from .cloud_logging import LogStore
 from .errors import failed_precondition, not_found
+
+if TYPE_CHECKING:
+    from forja_sandbox.testhosts import Host
 
 #: Seconds a job stays QUEUED, then PENDING, so a client polling sees Vertex's order of states.
 STEP_S = 0.05
@@ -37,6 +51,9 @@ STEP_S = 0.05
 PEERS_GRACE_S = 10.0
 #: After SIGTERM (cancel, failure, timeout), how long a replica gets before SIGKILL.
 STOP_GRACE_S = 3.0
+#: After the replicas are gone, how long their output may take to be read to the end (a process
+#: they started in a session of its own may hold the pipe open for ever).
+DRAIN_S = 2.0
 #: Vertex's first job ids are large numbers; the emulator counts up from one of that size.
 _IDS = itertools.count(1_000_000_000_000_000_000)
 TERMINAL = {
@@ -64,6 +81,12 @@ class Replica:
     port: int
     log: Path
     proc: subprocess.Popen[bytes] | None = None
+    #: The test host it runs on (None: this machine), its address, and its folder there.
+    host: Host | None = None
+    address: str = "127.0.0.1"
+    remote_dir: str = ""
+    #: The threads turning its stdout and stderr into log lines and entries.
+    pumps: list[threading.Thread] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -77,6 +100,8 @@ class Job:
     proto: CustomJob
     region: str
     folder: Path
+    logs: LogStore
+    hosts: tuple[Host, ...] = ()
     replicas: list[Replica] = field(default_factory=list)
     #: Package URIs already pip-installed into ``folder/packages`` (replicas share one install).
     installed: set[str] = field(default_factory=set)
@@ -106,8 +131,10 @@ class Job:
 class JobStore:
     """All jobs of one emulator, by full resource name, in creation order."""
 
-    def __init__(self, work_dir: Path) -> None:
+    def __init__(self, work_dir: Path, logs: LogStore, hosts: tuple[Host, ...] = ()) -> None:
         self.work_dir = work_dir
+        self.logs = logs
+        self.hosts = hosts
         self._jobs: dict[str, Job] = {}
         self._lock = threading.Lock()
 
@@ -119,7 +146,8 @@ class JobStore:
         proto.name = name
         proto.state = JobState.JOB_STATE_QUEUED
         proto.create_time = proto.update_time = _now()
-        job = Job(proto=proto, region=region, folder=self.work_dir / "jobs" / job_id)
+        job = Job(proto=proto, region=region, folder=self.work_dir / "jobs" / job_id, logs=self.logs,
+                  hosts=self.hosts)  # fmt: skip
         job.folder.mkdir(parents=True)
         with self._lock:
             self._jobs[name] = job
@@ -222,18 +250,42 @@ def _wait_peers(job: Job) -> None:
 
 def _stop_replicas(job: Job) -> None:
     """SIGTERM every replica's process group, SIGKILL what is left after STOP_GRACE_S."""
-    running = [r.proc for r in job.replicas if r.proc and r.proc.poll() is None]
-    for proc in running:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
+    running = [r for r in job.replicas if r.proc and r.proc.poll() is None]
+    for replica in running:
+        _signal(replica, signal.SIGTERM)
     deadline = time.monotonic() + STOP_GRACE_S
-    for proc in running:
+    for replica in running:
+        assert replica.proc is not None
         try:
-            proc.wait(max(0.0, deadline - time.monotonic()))
+            replica.proc.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            _signal(replica, signal.SIGKILL)
+            replica.proc.wait()
+    deadline = time.monotonic() + DRAIN_S
+    for pump in (p for r in job.replicas for p in r.pumps):
+        pump.join(max(0.0, deadline - time.monotonic()))
+
+
+def _signal(replica: Replica, sig: signal.Signals) -> None:
+    """The replica's process group: on its test host (there, then the local ssh on SIGKILL), or here."""
+    assert replica.proc is not None
+    if replica.host is not None:
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            remote.signal_replica(replica.host, replica.remote_dir, sig)
+        if sig != signal.SIGKILL:
+            return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(replica.proc.pid, sig)
+
+
+def _pump(job: Job, replica: Replica, stream: IO[bytes], stderr: bool) -> None:
+    """One output stream of one replica, line by line, into its log file and Cloud Logging."""
+    project, job_id = job.proto.name.split("/")[1], job.proto.name.rsplit("/", 1)[1]
+    with stream, replica.log.open("ab", buffering=0) as log:
+        for raw in iter(stream.readline, b""):
+            log.write(raw)
+            text = raw.decode(errors="replace").rstrip("\r\n")
+            job.logs.append(project, job_id, replica.label, text, stderr)
 
 
 # -- replicas ------------------------------------------------------------------------------------
@@ -295,7 +347,8 @@ def _python_path(job: Job, pool: WorkerPoolSpec) -> list[str]:
 
 def output_dirs(job: Job) -> dict[str, str]:
     """AIP_MODEL_DIR, AIP_CHECKPOINT_DIR, AIP_TENSORBOARD_LOG_DIR under baseOutputDirectory, as
-    Vertex sets them (``<prefix>/model/`` ...); a local prefix gets the folders made."""
+    Vertex sets them (``<prefix>/model/`` ...); a local prefix gets the folders made, here (on test
+    hosts, each replica's command makes them there: hosts.replica_argv)."""
     prefix = job.proto.job_spec.base_output_directory.output_uri_prefix
     if not prefix:
         return {}
@@ -305,7 +358,7 @@ def output_dirs(job: Job) -> dict[str, str]:
         "AIP_TENSORBOARD_LOG_DIR": "logs/",
     }
     out = {k: f"{prefix.rstrip('/')}/{v}" for k, v in dirs.items()}
-    if "://" not in prefix:
+    if "://" not in prefix and not job.hosts:
         for folder in out.values():
             Path(folder).mkdir(parents=True, exist_ok=True)
     return out
@@ -313,21 +366,30 @@ def output_dirs(job: Job) -> dict[str, str]:
 
 def _start_replicas(job: Job) -> None:
     pools = list(job.proto.job_spec.worker_pool_specs)
+    job_id = job.proto.name.rsplit("/", 1)[1]
     rank = 0
     for p, pool in enumerate(pools):
         for i in range(pool.replica_count):
-            job.replicas.append(Replica(p, i, rank, free_port(), job.folder / f"workerpool{p}-{i}.log"))
+            replica = Replica(p, i, rank, 0, job.folder / f"workerpool{p}-{i}.log")
+            if job.hosts:  # round robin; a second replica on one host takes the next port
+                replica.host = job.hosts[rank % len(job.hosts)]
+                replica.address = replica.host.address
+                replica.port = remote.REPLICA_PORT + sum(r.host == replica.host for r in job.replicas)
+                replica.remote_dir = remote.remote_dir(job_id, replica.label)
+            else:
+                replica.port = free_port()
+            job.replicas.append(replica)
             rank += 1
     cluster = {
-        f"workerpool{p}": [f"127.0.0.1:{r.port}" for r in job.replicas if r.pool == p]
+        f"workerpool{p}": [f"{r.address}:{r.port}" for r in job.replicas if r.pool == p]
         for p in range(len(pools))
         if pools[p].replica_count
     }
     job_json = json.loads(type(job.proto.job_spec).to_json(job.proto.job_spec, indent=0))
     common = {
-        "CLOUD_ML_JOB_ID": job.proto.name.rsplit("/", 1)[1],
+        "CLOUD_ML_JOB_ID": job_id,
         "CLOUD_ML_REGION": job.region,
-        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_ADDR": job.replicas[0].address,
         "MASTER_PORT": str(job.replicas[0].port),
         "WORLD_SIZE": str(len(job.replicas)),
         **output_dirs(job),
@@ -335,7 +397,7 @@ def _start_replicas(job: Job) -> None:
     for replica in job.replicas:
         pool = pools[replica.pool]
         spec = pool.python_package_spec if "python_package_spec" in pool else pool.container_spec
-        env = {**os.environ, **common, **{e.name: e.value for e in spec.env}}
+        env = {**common, **{e.name: e.value for e in spec.env}}
         env["RANK"] = str(replica.rank)
         env["CLUSTER_SPEC"] = json.dumps({
             "cluster": cluster,
@@ -344,10 +406,26 @@ def _start_replicas(job: Job) -> None:
             "job": job_json,
         })  # fmt: skip
         extra = _python_path(job, pool)
+        command = replica_command(pool)
+        if replica.host is not None:
+            extra = remote.ship(replica.host, extra, replica.remote_dir) if extra else []
+            if "python_package_spec" in pool:
+                command[0] = remote.REMOTE_PYTHON
+        else:
+            env = {**os.environ, **env}
         if extra:
             env["PYTHONPATH"] = os.pathsep.join([*extra, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-        with replica.log.open("wb") as log:
-            replica.proc = subprocess.Popen(
-                replica_command(pool), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=env, cwd=job.folder, start_new_session=True,
-            )  # fmt: skip
+        argv = command
+        if replica.host is not None:
+            argv = remote.replica_argv(replica.host, replica.remote_dir, command, env)
+        replica.log.write_bytes(b"")
+        replica.proc = proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=env if replica.host is None else None, cwd=job.folder, start_new_session=True,
+        )  # fmt: skip
+        for stream, is_err in ((proc.stdout, False), (proc.stderr, True)):
+            assert stream is not None
+            pump = threading.Thread(target=_pump, args=(job, replica, stream, is_err), daemon=True,
+                                    name=f"vertex-log-{replica.label}")  # fmt: skip
+            pump.start()
+            replica.pumps.append(pump)

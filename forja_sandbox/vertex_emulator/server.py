@@ -3,7 +3,8 @@
 The paths and verbs are those of google.cloud.aiplatform.v1.JobService's HTTP bindings (the same
 URI templates google-cloud-aiplatform's REST transport fills in): create and list on
 ``v1/projects/*/locations/*/customJobs``, get on ``.../customJobs/*``, cancel as POST
-``.../customJobs/*:cancel``. Other JobService paths answer 501, unknown paths 404.
+``.../customJobs/*:cancel``. Other JobService paths answer 501, unknown paths 404. Beside them,
+Cloud Logging v2's ``POST v2/entries:list`` (the replicas' output, cloud_logging.py).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ SYSTEM_PARAMETERS = frozenset({
 })  # fmt: skip
 #: The request fields ListCustomJobsRequest binds from the query; the other methods bind none.
 LIST_PARAMETERS = frozenset({"filter", "pageSize", "pageToken", "readMask"})
+#: Cloud Logging v2's ListLogEntries (https://logging.googleapis.com/v2/entries:list).
+LOG_ENTRIES_LIST = "/v2/entries:list"
 
 
 class VertexHTTPServer(ThreadingHTTPServer):
@@ -95,6 +98,14 @@ class _Handler(BaseHTTPRequestHandler):
     def _route(self, verb: str, path: str, query: dict[str, str], body: bytes) -> tuple[int, Any]:
         ints = "enum-encoding=int" in query.get("$alt", "")
         store = self.server.emulator.store
+        if path == LOG_ENTRIES_LIST:
+            if verb != "POST":
+                raise VertexError(405, f"{verb} {path}: entries:list is a POST.", status="INVALID_ARGUMENT")
+            try:
+                request = json.loads(body or b"{}")
+            except ValueError as exc:
+                raise VertexError(400, f"Invalid JSON payload received. {exc}") from None
+            return 200, self.server.emulator.logs.list(request)
         collection = _COLLECTION.match(path)
         one = _ONE.match(path)
         match = collection or one

@@ -29,6 +29,11 @@ except ImportError:
 #: Vertex is regional: each region has its own endpoint.
 DEFAULT_API_URL = "https://{region}-aiplatform.googleapis.com/v1/"
 ENV_API_URL = "FORJA_VERTEX_API_URL"
+#: Cloud Logging, where Vertex writes each replica's stdout and stderr (monitored resource ml_job).
+DEFAULT_LOGGING_URL = "https://logging.googleapis.com/v2/"
+ENV_LOGGING_URL = "FORJA_LOGGING_API_URL"
+#: entries:list's largest page (Cloud Logging refuses more).
+LOG_PAGE_SIZE = 1000
 SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 RUNNING_STATES = ("JOB_STATE_QUEUED", "JOB_STATE_PENDING", "JOB_STATE_RUNNING", "JOB_STATE_UPDATING")
 FINAL_STATES = (
@@ -45,6 +50,11 @@ class VertexSpecError(ValueError):
 
 def api_url(region: str, given: str | None, env: dict[str, str]) -> str:
     url = given or env.get(ENV_API_URL) or DEFAULT_API_URL.format(region=region)
+    return url if url.endswith("/") else url + "/"
+
+
+def logging_url(given: str | None, env: dict[str, str]) -> str:
+    url = given or env.get(ENV_LOGGING_URL) or DEFAULT_LOGGING_URL
     return url if url.endswith("/") else url + "/"
 
 
@@ -158,23 +168,7 @@ class VertexJobs:
         self._post(f"{name}:cancel", {})
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        url = self.client.url(path)
-        try:
-            resp = self.client.session.post(
-                url, json=body, headers={"Authorization": f"Bearer {self.client.token()}"},
-                timeout=self.client.config.request_timeout_s,
-            )  # fmt: skip
-        except (requests.ConnectionError, requests.Timeout) as exc:
-            raise GcpError(
-                f"POST {url}: Vertex AI could not be reached ({type(exc).__name__}: {exc})"
-            ) from None
-        if resp.status_code >= 400:
-            try:
-                message = resp.json()["error"]["message"]
-            except (ValueError, KeyError, TypeError):
-                message = resp.text[:300]
-            raise GcpApiError(f"POST {url} -> HTTP {resp.status_code}: {message}", status=resp.status_code)
-        return resp.json() if resp.content else {}
+        return post_json(self.client, self.client.url(path), body, "Vertex AI")
 
     def wait(self, name: str, timeout_s: float, poll_s: float, until: tuple[str, ...] = FINAL_STATES) -> dict:
         """Poll the job until its state is in ``until`` or ``timeout_s`` passes (then: as it is)."""
@@ -184,3 +178,56 @@ class VertexJobs:
             if job.get("state") in until or time.monotonic() >= deadline:
                 return job
             time.sleep(poll_s)
+
+
+def post_json(client: GcpClient, url: str, body: dict[str, Any], service: str) -> dict[str, Any]:
+    """One POST with the client's token, never retried; Google's error message on failure."""
+    try:
+        resp = client.session.post(
+            url, json=body, headers={"Authorization": f"Bearer {client.token()}"},
+            timeout=client.config.request_timeout_s,
+        )  # fmt: skip
+    except (requests.ConnectionError, requests.Timeout) as exc:
+        raise GcpError(f"POST {url}: {service} could not be reached ({type(exc).__name__}: {exc})") from None
+    if resp.status_code >= 400:
+        try:
+            message = resp.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = resp.text[:300]
+        raise GcpApiError(f"POST {url} -> HTTP {resp.status_code}: {message}", status=resp.status_code)
+    return resp.json() if resp.content else {}
+
+
+class VertexLogs:
+    """A custom job's replica output, read from Cloud Logging (``entries:list``) over one GcpClient.
+
+    Vertex writes each replica's lines as entries of resource ``ml_job`` labelled with the job's id
+    and the replica's ``task_name`` (``workerpool0-0``). Reading is a POST that changes nothing, so
+    a failed page may simply be asked for again by the caller's next poll.
+    """
+
+    def __init__(self, client: GcpClient, project: str, url: str) -> None:
+        self.client = client
+        self.project = project
+        self.url = url
+
+    @staticmethod
+    def job_filter(job_id: str, since: str) -> str:
+        """The query for one job's entries at or after ``since`` (an RFC 3339 timestamp)."""
+        return f'resource.type="ml_job" AND resource.labels.job_id="{job_id}" AND timestamp>="{since}"'
+
+    def entries(self, job_id: str, since: str) -> list[dict[str, Any]]:
+        """Every entry of the job from ``since`` on, oldest first (equal timestamps by insertId)."""
+        found: list[dict[str, Any]] = []
+        body: dict[str, Any] = {
+            "resourceNames": [f"projects/{self.project}"],
+            "filter": self.job_filter(job_id, since),
+            "orderBy": "timestamp asc",
+            "pageSize": LOG_PAGE_SIZE,
+        }
+        while True:
+            page = post_json(self.client, f"{self.url}entries:list", body, "Cloud Logging")
+            found += page.get("entries", [])
+            if not page.get("nextPageToken"):
+                return found
+            body["pageToken"] = page["nextPageToken"]

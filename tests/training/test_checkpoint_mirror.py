@@ -25,7 +25,7 @@ from forja_sandbox.storage_emulator import StorageEmulator
 from trainer import runlib
 from trainer.checkpoint import CheckpointManager, atomic_save, footer_digest
 from trainer.config import ConfigError, validate
-from trainer.mirror import LOG_FILES, MARKER_SUFFIX, PARTIAL, CheckpointMirror, Marker
+from trainer.mirror import LOG_FILES, MARKER_SUFFIX, PARTIAL, SUMMARY_FILE, CheckpointMirror, Marker
 from trainer.train import train
 
 storage = pytest.importorskip("google.cloud.storage")
@@ -310,7 +310,9 @@ def bucket_logs(bucket: Any, prefix: str) -> dict[str, bytes]:
 
 
 def run_logs(run: Path) -> dict[str, bytes]:
-    return {name: (run / name).read_bytes() for name in LOG_FILES}
+    """What the mirror uploads: the logs, and the summary once the run has written one."""
+    names = [*LOG_FILES, *([SUMMARY_FILE] if (run / SUMMARY_FILE).is_file() else [])]
+    return {name: (run / name).read_bytes() for name in names}
 
 
 def losses(run: Path) -> list[tuple[int, float]]:

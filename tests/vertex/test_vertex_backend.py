@@ -8,6 +8,11 @@ and google-cloud-storage; nothing of forja's is stood in for.
 from __future__ import annotations
 
 import json
+import os
+import queue
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,6 +49,7 @@ def sandbox(
     """Both emulators named the way forja and the replicas find them (their documented settings)."""
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs.url)
     monkeypatch.setenv("FORJA_VERTEX_API_URL", f"{emulator.url}/v1/")
+    monkeypatch.setenv("FORJA_LOGGING_API_URL", f"{emulator.url}/v2/")  # Cloud Logging, same port
     monkeypatch.setenv("FORJA_GCP_PROJECT", "forja-sandbox")
     monkeypatch.setenv("FORJA_GCP_ACCESS_TOKEN", "sandbox-token")  # the emulator takes any bearer token
     monkeypatch.setenv("FORJA_HOME", str(tmp_path / "home"))
@@ -78,14 +84,20 @@ def test_a_config_trains_as_a_vertex_job_and_its_results_land_in_the_bucket(
     bucket = new_bucket("vertex-results")
     forja = Forja(project_dir=tmp_path, history=History(tmp_path / "history.db"))
     said: list[str] = []
+    lines: list[tuple[str, str]] = []
     config = config_file(tmp_path, steps=12)
+
+    def on_event(event: Any) -> None:
+        said.append(getattr(event, "text", ""))
+        lines.append((getattr(event, "host", ""), getattr(event, "text", "")))
+
     result = forja.train(
         config,
         name="tiny-vertex",
         backend="vertex",
         poll_s=0.1,
         vertex=VertexOptions(bucket="gs://vertex-results"),
-        on_event=lambda e: said.append(getattr(e, "text", "")),
+        on_event=on_event,
     )
 
     job = sandbox.job(result.hosts[0])
@@ -109,10 +121,19 @@ def test_a_config_trains_as_a_vertex_job_and_its_results_land_in_the_bucket(
     )
     assert {
         f"{prefix}logs/metrics.jsonl",
+        f"{prefix}logs/summary.json",  # the trainer's own summary, read back by forja
         f"{prefix}model/model.json",
         f"{prefix}model/model.safetensors",
     } <= set(run)
     assert result.summary["steps"] == 12 and result.summary["final_loss"] > 0, result.summary
+    # Figures only the trainer's summary.json has (a summary rebuilt from metrics lines lacks them):
+    assert result.summary["world_size"] == 1 and result.summary["samples_per_s"] > 0, result.summary
+    assert json.loads((result.artifact_dir / "summary.json").read_text()) == result.summary
+    # The replica's own output came through Cloud Logging while forja waited, said by its task name,
+    # every line of its log file and in the same order.
+    streamed = [text for host, text in lines if host == "workerpool0-0"]
+    assert streamed == job.replicas[0].log.read_text().splitlines(), streamed[-5:]
+    assert any("step" in line for line in streamed), streamed[-5:]
     assert result.artifact_dir == tmp_path / "forja-runs" / "tiny-vertex" / "vertex"
     assert json.loads((result.artifact_dir / "model" / "model.json").read_text())["step"] == 12
     assert not (result.artifact_dir / "checkpoints").exists(), (
@@ -144,7 +165,7 @@ def test_a_config_trains_as_a_vertex_job_and_its_results_land_in_the_bucket(
 
 
 def test_ctrl_c_stops_watching_and_follow_picks_the_job_up_to_its_end(
-    sandbox: VertexEmulator, tmp_path: Path
+    sandbox: VertexEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     new_bucket("vertex-follow")
     forja = Forja(project_dir=tmp_path, history=History(tmp_path / "history.db"))
@@ -155,8 +176,13 @@ def test_ctrl_c_stops_watching_and_follow_picks_the_job_up_to_its_end(
                        cancel=interrupted)  # fmt: skip
     assert left.detached == "interrupted" and left.status == "running"
     assert forja.history.get("left").status == "running"
-    done = forja.vertex_follow("left", options, poll_s=0.1)
+    said: list[str] = []
+    # Cloud Logging that answers 404: the lines cannot be read, which is said once; the job is
+    # still followed to its end.
+    monkeypatch.setenv("FORJA_LOGGING_API_URL", f"{sandbox.url}/no-logging-here/")
+    done = forja.vertex_follow("left", options, poll_s=0.1, on_event=lambda e: said.append(e.text))
     assert done.status == "completed" and done.summary["steps"] == 5, done
+    assert len([t for t in said if "logs cannot be read" in t]) == 1, said
     assert sandbox.job(done.hosts[0]).proto.name == left.hosts[0]
     assert forja.history.get("left").status == "completed"
 
@@ -259,3 +285,54 @@ def until_final(client: Any, name: str) -> Any:
 
     final = ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED")
     return until(lambda: (j := client.get_custom_job(name=name)).state.name in final and j, 30, name)
+
+
+def test_vertex_follow_prints_the_replicas_lines_and_ctrl_c_leaves_the_job_running(
+    sandbox: VertexEmulator, tmp_path: Path
+) -> None:
+    new_bucket("vertex-tail")
+    config = str(config_file(tmp_path, steps=1_000_000))  # runs until cancelled
+    sent = CliRunner().invoke(
+        app,
+        [
+            "train",
+            config,
+            "--backend",
+            "vertex",
+            "--bucket",
+            "gs://vertex-tail",
+            "--name",
+            "tail",
+            "--detach",
+        ],
+    )
+    assert sent.exit_code == 0, sent.output
+    # `forja vertex follow` as a person runs it: its own process, so Ctrl-C is a real SIGINT.
+    follow = subprocess.Popen(
+        [str(Path(sys.executable).with_name("forja")), "vertex", "follow", "tail", "--poll", "0.2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in follow.stderr], daemon=True).start()  # type: ignore[union-attr]
+    seen: list[str] = []
+    try:
+        while not any(
+            line.startswith("workerpool0-0: ") and "[rank 0] INFO training" in line for line in seen
+        ):
+            seen.append(lines.get(timeout=60))  # the trainer's first line, read from Cloud Logging
+        follow.send_signal(signal.SIGINT)
+        follow.wait(timeout=30)
+    finally:
+        follow.kill()
+    follow.wait(5)
+    said = "".join(seen)
+    while not lines.empty():
+        said += lines.get_nowait()
+    assert follow.returncode == ExitCode.STILL_RUNNING, said
+    assert "Ctrl-C stopped following it, not the run" in said and "forja vertex follow tail" in said, said
+    (job,) = [j for j in sandbox.store.list(PARENT) if j.proto.display_name == "tail"]
+    assert job.snapshot().state.name == "JOB_STATE_RUNNING", "Ctrl-C stopped the watching, not the job"
+    assert all(r.proc is not None and r.proc.poll() is None for r in job.replicas)
+
+    cancelled = CliRunner().invoke(app, ["vertex", "cancel", "tail"])
+    assert cancelled.exit_code == 0 and "JOB_STATE_CANCELLED" in cancelled.stdout, cancelled.output

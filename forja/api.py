@@ -95,15 +95,18 @@ class TrainResult:
 
 @dataclass(frozen=True)
 class CostReport:
-    """What `Forja.cost` found: one line per priced instance, its budget check, the hosts not priced."""
+    """What `Forja.cost` found: one line per priced instance, its budget check, the hosts not priced,
+    and one line per cluster (forja.cost.cluster: its members added up, "2 × g2-standard-24")."""
 
     prices_date: str
     now: datetime
     lines: list[Any]
-    #: One per line (None without a per-instance cap); `project` is the check of a project cap.
+    #: One per line (None without a per-instance cap; a cluster's members share their cluster's
+    #: check); `project` is the check of a project cap.
     checks: list[Any]
     project: Any | None
     skipped: list[str]
+    clusters: list[Any] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON document of `forja --json cost`: every figure at full precision."""
@@ -116,6 +119,7 @@ class CostReport:
                 for line, chk in zip(self.lines, self.checks, strict=True)
             ],
             "skipped": self.skipped,
+            "clusters": [c.as_dict() for c in self.clusters],
         }
         if self.project is not None:
             out["project_budget"] = {"level": self.project.level.value, "message": self.project.message}
@@ -638,8 +642,9 @@ class Forja:
         on_event: Callable[[ev.Event], None] | None = None,
         cancel: threading.Event | None = None,
     ) -> TrainResult:
-        """Follow a run sent with `forja train --backend vertex` until its Vertex AI job ends, then
-        fetch its logs and model from the bucket. The job is found by the run's name in the project
+        """Follow a run sent with `forja train --backend vertex` until its Vertex AI job ends, saying
+        each replica's new log lines (from Cloud Logging) as they come, then fetch its logs, summary
+        and model from the bucket. The job is found by the run's name in the project
         (FORJA_GCP_PROJECT) and region (--region). Ctrl-C or a timeout stop watching, never the job."""
         from forja import vertex
 
@@ -1036,7 +1041,8 @@ class Forja:
         warning at the `warn` fraction of it; `now` computes as of an RFC 3339 time.
         """
         from forja import inventory
-        from forja.cost.budget import Budget, check_instance, check_project
+        from forja.cost.budget import Budget, check_project, check_units
+        from forja.cost.cluster import cluster_lines, groups
         from forja.cost.prices import PriceError, load_prices
         from forja.cost.spend import cost_report, parse_time
 
@@ -1059,11 +1065,14 @@ class Forja:
             raise errors.ConfigError("instances/prices", str(exc)) from exc
         checks: list[Any] = [None] * len(lines)
         project = None
-        if budget is not None and scope == "instance":
-            checks = [check_instance(budget, line) for line in lines]
+        if budget is not None and scope == "instance":  # a cluster's members: one check of them all
+            line_of = {id(r): line for r, line in zip(raw, lines, strict=True)}  # cost_report keeps order
+            units = [[line_of[id(r)] for r in members] for _, members in groups(raw)]
+            found = check_units(budget, units)
+            checks = [found[line.name] for line in lines]
         elif budget is not None:
             project = check_project(budget, lines)
-        return CostReport(table.date, moment, lines, checks, project, skipped)
+        return CostReport(table.date, moment, lines, checks, project, skipped, cluster_lines(raw, lines))
 
     def rate(
         self, machine_type: str, zone: str, *, spot: bool = False, prices: str | Path | None = None
@@ -1088,9 +1097,11 @@ class Forja:
         """One run's cost from its history and fetched results: setup, recovery, compute, data wait,
         evaluation, checkpoints and the rest, the VM's time down, the disk (see forja/cost/run.py).
 
-        The VM's rate and disks are its instance's (`instances`, else the inventory when one is
-        named); without one, the rate the run itself used (its config's price_per_hour) and no disk.
+        The VMs' rate and disks are their instances' (`instances`, else the inventory when one is
+        named): the run's hosts and every other member of their cluster ("2 × g2-standard-24");
+        without one, the rate the run itself used (its config's price_per_hour) and no disk.
         """
+        from forja.cost.cluster import groups, with_members
         from forja.cost.prices import PriceError, load_prices
         from forja.cost.run import RunFiles, run_cost
         from forja.cost.spend import parse_time
@@ -1098,9 +1109,10 @@ class Forja:
         record = self.history.find(run_id)
         moment = parse_time(now) if now else datetime.now(timezone.utc)
         found = [dict(i) for i in instances] if instances is not None else self._instances_if_named()
-        mine = next((i for i in found if i.get("name") in record.hosts), None)
-        if mine is None and len(found) == 1 and not record.hosts:
-            mine = found[0]
+        mine = with_members(found, record.hosts)
+        units = groups(found)
+        if not mine and len(units) == 1 and not record.hosts:  # one VM (or one cluster): the run's
+            mine = units[0][1]
         # The folder the history recorded; a run recorded without one (site.yml's, found on a host)
         # may still have been fetched to the default place since (`forja fetch RUN`).
         folder = record.artifact_dir or self._read_results(record.run_id)[1]
@@ -1122,13 +1134,15 @@ class Forja:
         of that config (or of the same model, batch and precision), plus its setup and evaluation, at
         the VMs' hourly rate, plus their disks. `forja train` shows it before sending.
 
-        The VMs are `instances` or the inventory's (their records); with no earlier run the estimate
-        has the rate and no time (the run it precedes measures it).
+        The VMs are `instances` or the inventory's (their records), every member of a cluster counted
+        ("2 × g2-standard-24"); with no earlier run the estimate has the rate and no time (the run it
+        precedes measures it).
         """
         from forja import inventory
+        from forja.cost.cluster import fleet_rate
         from forja.cost.estimate import estimate
         from forja.cost.prices import PriceError, load_prices, region_of
-        from forja.cost.spend import Instance, machine_rate
+        from forja.cost.spend import Instance
 
         path = Path(config).expanduser()
         if not path.is_file():
@@ -1140,13 +1154,12 @@ class Forja:
         try:
             table = load_prices(Path(prices) if prices else None)
             vms = [Instance.from_mapping(i) for i in found]
-            rates = [machine_rate(vm, table) for vm in vms]
+            rate = fleet_rate(vms, table)
             disk = sum(table.disk_price(d.type, region_of(vm.zone)).usd_per_gb_month * d.size_gb
                        for vm in vms for d in vm.disks)
         except (PriceError, ValueError) as exc:
             raise errors.ConfigError("instances/prices", str(exc)) from exc
-        what = " + ".join(r.what for r in rates)
-        return estimate(path, self.history, sum(r.usd_per_hour for r in rates), what,
+        return estimate(path, self.history, rate.usd_per_hour, rate.what,
                         disk if any(vm.disks for vm in vms) else None, table.hours_per_month)
 
     def ui(

@@ -261,7 +261,8 @@ def _progress(enabled: bool) -> Iterator[Callable[[Any], None] | None]:
             if isinstance(event, ev.TaskStarted):
                 progress.update(bar("play"), description=event.task)
             elif isinstance(event, ev.Announcement):
-                progress.console.print(f"[cyan]{event.host}[/]: {event.text}")
+                # escaped: a log line's own brackets ("[rank 0]") are text, not rich markup
+                progress.console.print(f"[cyan]{escape(event.host)}[/]: {escape(event.text)}")
             elif isinstance(event, ev.HostStarting):
                 progress.console.print(
                     f"{event.host} is {event.status}: starting it (playbooks/{event.playbook})"
@@ -799,6 +800,17 @@ def _cost_table(report: Any) -> Table:
             fmt.money(line.disk_usd_per_month) or "-",
             "-" if chk is None else chk.level.value,
         )
+    if report.clusters:
+        table.add_section()
+    for unit in report.clusters:  # each cluster's members added up: what it costs as one
+        chk = report.checks[[line.name for line in report.lines].index(unit.members[0])]
+        table.add_row(
+            f"cluster {unit.name}", "", unit.machine, f"{unit.running}/{unit.count} running",
+            fmt.hourly(unit.usd_per_hour) + ("*" if "estimate" in unit.basis else ""), "",
+            fmt.money(unit.session_usd), fmt.money(unit.total_usd) or "-",
+            fmt.money(unit.monthly_if_running_usd), fmt.money(unit.disk_usd_per_month) or "-",
+            "-" if chk is None else chk.level.value, style="bold",
+        )
     return table
 
 
@@ -843,9 +855,12 @@ def cost(
     out.print(_cost_table(report))
     from forja.cost.budget import Level
 
+    told: set[int] = set()  # a cluster's members share one check: said once, for the cluster
+    named = {member: f"cluster {c.name} ({c.machine})" for c in report.clusters for member in c.members}
     for chk, line in zip(report.checks, report.lines, strict=True):
-        if chk is not None and chk.level is not Level.OK:
-            out.print(f"[bold]{line.name}[/]: {chk.message}")
+        if chk is not None and chk.level is not Level.OK and id(chk) not in told:
+            told.add(id(chk))
+            out.print(f"[bold]{named.get(line.name, line.name)}[/]: {chk.message}")
     if report.project is not None:
         out.print(f"project: {report.project.message}")
     if report.skipped:

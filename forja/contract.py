@@ -28,6 +28,8 @@ Ansible's aggregation merges recursively (`merge_hash`) without mixing hosts::
           spot: true
           preempted_at: "2026-...Z"     # set only while it is stopped BECAUSE Google preempted it
           preemptions: ["2026-...Z"]    # every preemption the zone's operations still list
+          cluster: team                 # a cluster's member: its cluster and rank ("" and 0 alone)
+          rank: 1
 
     The token itself is never published (nor logged): only where it is.
 
@@ -128,6 +130,9 @@ class InstanceState(BaseModel):
     boot_disk_size_gb: int = 0
     preempted_at: str = ""
     preemptions: list[str] = Field(default_factory=list)
+    #: A cluster's member (gcp_instance_count > 1): its cluster and its rank; "" and 0 for a lone VM.
+    cluster: str = ""
+    rank: int = 0
 
     @property
     def running(self) -> bool:

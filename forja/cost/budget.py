@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from forja import format as fmt
 from forja.cost.spend import CostLine
@@ -86,3 +86,15 @@ def check_project(budget: Budget, lines: Iterable[CostLine]) -> BudgetCheck:
     spend = sum(line_spend(line) for line in lines)
     rate = sum(line.usd_per_hour for line in lines if line.status.upper() == "RUNNING")
     return check(budget, spend, rate)
+
+
+def check_units(budget: Budget, units: Iterable[Sequence[CostLine]]) -> dict[str, BudgetCheck]:
+    """A per-instance cap, by instance name: a cluster's members share one check of their spend and
+    rate added up, since a cluster is made, kept and paid for as one (a cap per member would let four
+    VMs spend four caps)."""
+    found: dict[str, BudgetCheck] = {}
+    for unit in units:
+        unit = list(unit)
+        chk = check_instance(budget, unit[0]) if len(unit) == 1 else check_project(budget, unit)
+        found.update((line.name, chk) for line in unit)
+    return found

@@ -30,8 +30,9 @@ from typing import Any
 
 import yaml
 
+from forja.cost.cluster import fleet_rate
 from forja.cost.prices import PriceTable, region_of
-from forja.cost.spend import Instance, machine_rate, parse_time
+from forja.cost.spend import Instance, parse_time
 from forja.history import RunEvent, RunRecord
 
 #: History events after which the VM came back for the run (forja/managed.py records them).
@@ -71,6 +72,9 @@ class RunCost:
     #: The trainer's own figure (its processes' wall time at the rate), for comparison.
     trainer_usd: float | None
     parts: tuple[Part, ...]
+    #: How many VMs the rate and the disk count (a run on a cluster keeps every member up); None when
+    #: the rate is the run's own price_per_hour.
+    vm_count: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -206,17 +210,19 @@ def run_cost(
     files: RunFiles,
     prices: PriceTable,
     now: datetime,
-    instance: Mapping[str, Any] | None = None,
+    instances: Sequence[Mapping[str, Any]] = (),
 ) -> RunCost:
-    """The cost of `record` as of `now`: the VM at its rate while up for the run, its disks all along.
+    """The cost of `record` as of `now`: the VMs at their rate while up for the run, their disks all along.
 
-    The rate is the instance's (forja's price table, `instance` as the inventory or --instances gives
-    it), else the rate the run itself used (its config's price_per_hour, which trainer_run looked up in
-    the same table); with neither, ValueError says what to give. Disks are priced only from `instance`.
+    The rate is the instances' added up (forja's price table; `instances` as the inventory or
+    --instances gives them: one VM, or every member of the run's cluster, "2 × g2-standard-24"), else
+    the rate the run itself used (its config's price_per_hour, which trainer_run looked up in the same
+    table, times the cluster's node count); with neither, ValueError says what to give. Disks are
+    priced only from `instances`.
     """
-    vm = Instance.from_mapping(instance) if instance is not None else None
-    if vm is not None:
-        rate = machine_rate(vm, prices)
+    vms = [Instance.from_mapping(i) for i in instances]
+    if vms:
+        rate = fleet_rate(vms, prices)
         usd_per_hour, source = rate.usd_per_hour, f"{rate.what}, prices of {prices.date}"
     elif isinstance(files.config.get("price_per_hour"), int | float) and files.config["price_per_hour"] > 0:
         usd_per_hour, source = float(files.config["price_per_hour"]), "the run's price_per_hour (config.yaml)"
@@ -232,9 +238,9 @@ def run_cost(
     up = span - down
     per_s = usd_per_hour / 3600.0
     disk_usd = None
-    if vm is not None and vm.disks:
-        region = region_of(vm.zone)
-        month = sum(prices.disk_price(d.type, region).usd_per_gb_month * d.size_gb for d in vm.disks)
+    if any(vm.disks for vm in vms):
+        month = sum(prices.disk_price(d.type, region_of(vm.zone)).usd_per_gb_month * d.size_gb
+                    for vm in vms for d in vm.disks)
         disk_usd = month * (span / 3600.0) / prices.hours_per_month
 
     seconds = split(record, history, files, up)
@@ -257,4 +263,5 @@ def run_cost(
         zone_moves=sum(1 for e in history if e.kind == "zone_moved"),
         trainer_usd=float(trainer) if isinstance(trainer, int | float) else None,
         parts=parts,
+        vm_count=len(vms) or None,
     )

@@ -107,6 +107,8 @@ class CostReport:
     project: Any | None
     skipped: list[str]
     clusters: list[Any] = field(default_factory=list)
+    #: The user's own machines in the inventory (host_contract_platform: own): no cloud price.
+    own_machines: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON document of `forja --json cost`: every figure at full precision."""
@@ -120,6 +122,7 @@ class CostReport:
             ],
             "skipped": self.skipped,
             "clusters": [c.as_dict() for c in self.clusters],
+            "own_machines": self.own_machines,
         }
         if self.project is not None:
             out["project_budget"] = {"level": self.project.level.value, "message": self.project.message}
@@ -1055,8 +1058,9 @@ class Forja:
             raise errors.ConfigError("prices/cap/warn", str(exc)) from exc
         moment = parse_time(now) if now else datetime.now(timezone.utc)
         skipped: list[str] = []
+        own: list[str] = []
         if instances is None:
-            raw, skipped = inventory.gcp_instances(inventory.required(self.inventory))
+            raw, own, skipped = inventory.gcp_instances(inventory.required(self.inventory))
         else:
             raw = [dict(i) for i in instances]
         try:
@@ -1072,7 +1076,7 @@ class Forja:
             checks = [found[line.name] for line in lines]
         elif budget is not None:
             project = check_project(budget, lines)
-        return CostReport(table.date, moment, lines, checks, project, skipped, cluster_lines(raw, lines))
+        return CostReport(table.date, moment, lines, checks, project, skipped, cluster_lines(raw, lines), own)
 
     def rate(
         self, machine_type: str, zone: str, *, spot: bool = False, prices: str | Path | None = None

@@ -865,6 +865,8 @@ def cost(
         out.print(f"project: {report.project.message}")
     if report.skipped:
         out.print(f"not priced (no machine_type/zone in hostvars): {', '.join(report.skipped)}")
+    if report.own_machines:
+        out.print(f"own machine, no cloud price: {', '.join(report.own_machines)}")
 
 
 def _show_run_cost(ctx: typer.Context, found: Any) -> None:

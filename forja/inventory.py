@@ -227,16 +227,20 @@ def hosts(inventory: Inventory = None, pattern: str = "forja_gpu") -> list[Inven
     return [host_of(name, data.hostvars.get(name, {})) for name in data.group_hosts(pattern)]
 
 
-def gcp_instances(inventory: Inventory = None) -> tuple[list[dict[str, Any]], list[str]]:
-    """Hostvars of every host that looks like a GCP instance (for `forja cost`), and the others' names."""
+def gcp_instances(inventory: Inventory = None) -> tuple[list[dict[str, Any]], list[str], list[str]]:
+    """Hostvars of every host that looks like a GCP instance (for `forja cost`), the names of the
+    user's own machines (`host_contract_platform: own`: no cloud price, nothing to count), and the
+    others' names (not priced: no machine type or zone known)."""
     data = read(inventory)
-    found, skipped = [], []
+    found, own, skipped = [], [], []
     for host, hv in sorted(data.hostvars.items()):
         if (hv.get("machine_type") or hv.get("machineType")) and (hv.get("zone") or hv.get("gcp_zone")):
             found.append({"name": host, **hv})
+        elif hv.get("host_contract_platform") == "own":
+            own.append(host)
         else:
             skipped.append(host)
-    return found, skipped
+    return found, own, skipped
 
 
 def stopped_error(host: InventoryHost, task: str = "", now: datetime | None = None) -> errors.HostStopped:

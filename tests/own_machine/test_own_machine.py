@@ -160,6 +160,31 @@ def test_jupyter_and_autostop_run_and_an_idle_machine_stays_up_with_its_kernels_
     assert system in ("running", "degraded") and rest == ["active", "active", "[]"], state
 
 
+def test_the_forja_command_trains_lists_and_prices_the_own_machine(machine, tmp_path):
+    """The README's commands with the own-machine inventory: a run trained, listed and priced at 0."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "FORJA_"))},
+           "FORJA_INVENTORY": str(machine.inventory), "FORJA_HOME": str(tmp_path / "home"),
+           "NO_COLOR": "1"}
+
+    def forja(*args: str) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([str(Path(sys.executable).with_name("forja")), *args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=900, check=False)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc
+
+    forja("train", str(ROOT / "trainer" / "configs" / "digits.yaml"), "--name", "own-digits")
+    assert (tmp_path / "forja-runs" / "own-digits" / f"th{INDEX}" / "summary.json").is_file()
+    runs = json.loads(forja("--json", "runs").stdout)
+    assert [(r["name"], r["status"], r["hosts"], r["cost_usd"]) for r in runs] == [
+        ("own-digits", "completed", [f"th{INDEX}"], 0.0)]
+    status = json.loads(forja("--json", "status").stdout)
+    mine = [(s["host"], s["status"]) for s in status if s["run"] == "own-digits"]
+    assert mine == [(f"th{INDEX}", "completed")], status
+    cost = json.loads(forja("--json", "cost").stdout)
+    assert (cost["instances"], cost["skipped"], cost["own_machines"]) == ([], [], [f"th{INDEX}"]), cost
+    assert f"own machine, no cloud price: th{INDEX}" in forja("cost").stdout
+
+
 def test_teardown_leaves_the_own_machine_alone(machine):
     rc, out = machine.play("playbooks/teardown.yml")
     assert rc == 0 and "forja.gpu.gcp_instance" not in out, out[-3000:]

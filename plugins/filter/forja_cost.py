@@ -47,8 +47,12 @@ def _pick(record: Mapping[str, Any], key: str) -> Any:
     return None if value in (None, "") else value
 
 
-def hourly_rate(record: Mapping[str, Any], prices: str | None = None) -> float:
-    """USD per hour of the VM a host's inventory record describes (machine type, GPUs, Spot)."""
+def hourly_rate(record: Mapping[str, Any], prices: str | None = None, whole_cluster: bool = False) -> float:
+    """USD per hour of the VM a host's inventory record describes (machine type, GPUs, Spot).
+
+    With ``whole_cluster``, of every VM of the host's cluster (its ``forja_node_count``): the members
+    are made alike and run together, so what one member's run or spend cap must count is the sum.
+    """
     if _IMPORT_ERROR is not None:
         raise AnsibleFilterError(
             f"forja_hourly_rate: forja's cost package cannot be imported ({_IMPORT_ERROR}); "
@@ -84,7 +88,19 @@ def hourly_rate(record: Mapping[str, Any], prices: str | None = None) -> float:
             f"zone {fields['zone']!r}); give its rate yourself "
             "(for the trainer_run role: trainer_run_price_per_hour), or fix the price table"
         ) from exc
-    return rate.usd_per_hour
+    if not whole_cluster:
+        return rate.usd_per_hour
+    count = _pick(record, "forja_node_count") or 1
+    try:
+        members = int(count)
+    except (TypeError, ValueError):
+        members = 0
+    if members < 1:
+        raise AnsibleFilterError(
+            f"forja_hourly_rate: {name} has forja_node_count {count!r}; expected a whole number from 1 "
+            "(the gcp_gpu inventory plugin sets it for a cluster's members)"
+        )
+    return rate.usd_per_hour * members
 
 
 class FilterModule:

@@ -62,6 +62,16 @@ def test_an_n1_vm_adds_its_attached_t4s(hourly_rate):
     assert hourly_rate(n1) == pytest.approx(0.38 + 2 * 0.35)
 
 
+def test_a_cluster_member_prices_every_member_only_when_asked(hourly_rate):
+    member = {**L4_VM, "machine_type": "g2-standard-24", "gpu_count": 2, "forja_node_count": 3}
+    one = hourly_rate(member)
+    assert one == hourly_rate({k: v for k, v in member.items() if k != "forja_node_count"})
+    assert hourly_rate(member, whole_cluster=True) == pytest.approx(3 * one)
+    assert hourly_rate(L4_VM, whole_cluster=True) == pytest.approx(0.8536)  # one VM: no node count
+    with pytest.raises(AnsibleFilterError, match="forja-l4 has forja_node_count 'two'"):
+        hourly_rate({**L4_VM, "forja_node_count": "two"}, whole_cluster=True)
+
+
 def test_the_users_price_file_wins_whether_passed_or_in_forja_prices(hourly_rate, tmp_path, monkeypatch):
     own = tmp_path / "mine.yaml"
     own.write_text("machine_types:\n  g2-standard-8:\n    us-east1: {on_demand: 0.70, spot: 0.30}\n")

@@ -17,13 +17,27 @@ than replace torch.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pwd
 import shutil
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.forja.gpu.plugins.module_utils.forja_torch_layer import (
+    ARGUMENT_SPEC,
+    CONSTRAINTS,
+    LAYER_PTH,
+    RECORD,
+    TorchLayerError,
+    constraints_text,
+    inputs_hash,
+    layer_pth_text,
+    pip_tail,
+    plan,
+    probe_base,
+    read_record,
+    read_requirements,
+)
 
 DOCUMENTATION = r"""
 ---
@@ -132,110 +146,24 @@ action:
   type: str
 """
 
-RECORD = ".forja-env.json"
-CONSTRAINTS = "forja-constraints.txt"
-LAYER_PTH = "_forja_layer.pth"
-
-# Run in the base interpreter: its real Python, its site folders, the versions of the pinned names.
-BASE_PROBE = r"""
-import json, sys
-from importlib.metadata import version
-names = json.loads(sys.argv[1])
-pins = {}
-for name in names:
-    try:
-        pins[name] = version(name)
-    except Exception:
-        pass
-print(json.dumps({"base_executable": getattr(sys, "_base_executable", sys.executable),
-                  "python_version": "%d.%d" % tuple(sys.version_info[:2]),
-                  "site_dirs": [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))],
-                  "pins": pins}))
-"""
-
-
-def constraints_text(pins: dict[str, str]) -> str:
-    """`torch==2.7.1` lines, sorted, with a header saying why."""
-    lines = ["# forja: the base interpreter's versions; nothing installed here may replace them."]
-    lines += [f"{name}=={pins[name]}" for name in sorted(pins)]
-    return "\n".join(lines) + "\n"
-
-
-def layer_pth_text(site_dirs: list[str]) -> str:
-    """The .pth that makes the environment see the base's packages, after its own."""
-    return "".join(f"{d}\n" for d in site_dirs)
-
-
-def inputs_hash(base: dict, params: dict, requirements_text: str) -> str:
-    """Everything the environment is built from; a different hash means build (or update) again."""
-    blob = json.dumps({"base": base, "packages": params["packages"], "requirements": requirements_text,
-                       "pip_package": params["pip_package"], "pip_args": params["pip_args"],
-                       "owner": params["owner"]}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()
-
-
-def plan(record: dict | None, wanted_hash: str, mutable: bool) -> str:
-    """What to do given the existing record: none, create, update or rebuild."""
-    if record is None:
-        return "create"
-    if record.get("inputs_hash") == wanted_hash:
-        return "none"
-    return "update" if mutable else "rebuild"
-
-
-def pip_tail(out: str, err: str, lines: int = 25) -> str:
-    text = "\n".join(x for x in (out or "", err or "") if x.strip())
-    return "\n".join(text.strip().splitlines()[-lines:])
-
-
-def read_record(path: str) -> dict | None:
-    try:
-        with open(os.path.join(path, RECORD)) as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        return None
-
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "base_python": {"type": "path", "required": True},
-            "path": {"type": "path", "required": True},
-            "packages": {"type": "list", "elements": "str", "default": []},
-            "requirements": {"type": "path"},
-            "pin": {"type": "list", "elements": "str", "default": ["torch"]},
-            "pip_package": {"type": "str", "default": ""},
-            "pip_args": {"type": "str", "default": ""},
-            "owner": {"type": "str"},
-            "mutable": {"type": "bool", "default": False},
-        },
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     p = module.params
     path = p["path"]
     if not os.path.isabs(path):
         module.fail_json(msg=f"path: {path!r} must be an absolute folder")
-    if not os.access(p["base_python"], os.X_OK):
-        module.fail_json(msg=f"base_python: {p['base_python']} is not an executable interpreter on the host")
     owner = None
     if p["owner"]:
         try:
             owner = pwd.getpwnam(p["owner"])
         except KeyError:
             module.fail_json(msg=f"owner: no user {p['owner']!r} on the host")
-    requirements_text = ""
-    if p["requirements"]:
-        try:
-            with open(p["requirements"]) as fh:
-                requirements_text = fh.read()
-        except OSError as exc:
-            module.fail_json(msg=f"requirements: cannot read {p['requirements']}: {exc}")
-
-    rc, out, err = module.run_command([p["base_python"], "-I", "-c", BASE_PROBE, json.dumps(p["pin"])])
-    if rc != 0:
-        module.fail_json(msg=f"base_python: {p['base_python']} could not be asked for its packages: "
-                             f"{pip_tail(out, err)}")
-    base = json.loads(out.strip().splitlines()[-1])
+    try:
+        requirements_text = read_requirements(p["requirements"])
+        base = probe_base(module.run_command, p["base_python"], p["pin"])
+    except TorchLayerError as exc:
+        module.fail_json(msg=str(exc))
     wanted = inputs_hash(base, p, requirements_text)
     python = os.path.join(path, "bin", "python")
     result = {"changed": False, "python": python, "constraints_file": os.path.join(path, CONSTRAINTS),

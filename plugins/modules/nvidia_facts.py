@@ -19,6 +19,7 @@ import re
 import xml.etree.ElementTree as ET
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.forja.gpu.plugins.module_utils.forja_host_state import HostStateError, compare
 
 DOCUMENTATION = r"""
 ---
@@ -75,9 +76,17 @@ options:
     type: str
     default: /var/cache/forja/apt-simulation.json
   held_kernel:
-    description: With I(simulate_upgrade), also count any kernel image, module or header move as a violation.
+    description:
+      - With I(simulate_upgrade), also count any kernel image, module or header move as a violation.
+      - With I(state), only when a package of its C(holds) is installed (nothing else can be held).
     type: bool
     default: false
+  state:
+    description:
+      - The options of M(forja.gpu.host_state) (C(packages), C(holds), C(files), ...), compared in this
+        same call and returned as RV(state), so a role that detects the stack and checks what it
+        manages makes one remote call, not two. The comparison runs before the detection.
+    type: dict
 attributes:
   check_mode:
     support: full
@@ -95,6 +104,17 @@ EXAMPLES = r"""
   forja.gpu.nvidia_facts:
     simulate_upgrade: true
   register: nvidia_after_pinning
+
+- name: Detect the stack and check the pins file in the same call
+  forja.gpu.nvidia_facts:
+    simulate_upgrade: true
+    pinned_branch: "570"
+    held_kernel: true
+    state:
+      holds: [linux-gcp]
+      files:
+        - {path: /etc/apt/preferences.d/forja-nvidia-stack.pref, owner: root, group: root, mode: "0644"}
+  register: nvidia_detected
 
 - name: Fail when the loaded module does not match the user-space library
   ansible.builtin.assert:
@@ -191,6 +211,11 @@ pin_violations:
   returned: when simulate_upgrade
   type: list
   elements: dict
+state:
+  description:
+    - M(forja.gpu.host_state)'s result for I(state) (C(ok), C(differences), C(packages_missing), ...).
+  returned: when state is given
+  type: dict
 """
 
 
@@ -498,6 +523,7 @@ def main() -> None:
             "pinned_cuda": {"type": "str"},
             "held_kernel": {"type": "bool", "default": False},
             "simulation_cache": {"type": "str", "default": "/var/cache/forja/apt-simulation.json"},
+            "state": {"type": "dict"},
         },
         supports_check_mode=True,
     )
@@ -506,6 +532,12 @@ def main() -> None:
         re.compile(params["package_pattern"])
     except re.error as exc:
         module.fail_json(msg=f"package_pattern is not a valid regular expression: {exc}")
+    state = None
+    if params["state"] is not None:
+        try:
+            state = compare(params["state"], module.run_command)
+        except HostStateError as exc:
+            module.fail_json(msg=f"state: {exc}")
 
     smi = run_smi(module, params["nvidia_smi"])
     try:
@@ -542,11 +574,15 @@ def main() -> None:
         "cuda_toolkits": cuda_toolkits(),
         "kernel": os.uname().release,
     }
+    held_kernel = params["held_kernel"]
+    if state is not None:
+        result["state"] = state
+        held_kernel = held_kernel and bool(state["holds_installed"])
     if params["simulate_upgrade"]:
         result["upgrade_moves"], result["upgrade_simulation_cached"] = simulate_upgrade(
             module, params["simulation_cache"])
         result["pin_violations"] = pin_violations(result["upgrade_moves"], params["pinned_branch"],
-                                                  params["pinned_cuda"], params["held_kernel"])
+                                                  params["pinned_cuda"], held_kernel)
     module.exit_json(**result)
 
 

@@ -17,6 +17,7 @@ import os
 import re
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.forja.gpu.plugins.module_utils.forja_host_state import HostStateError, compare
 
 DOCUMENTATION = r"""
 ---
@@ -75,6 +76,12 @@ options:
     description: Fail when no candidate fits.
     type: bool
     default: false
+  state:
+    description:
+      - The options of M(forja.gpu.host_state) (C(packages), C(files), ...), compared in this same call
+        and returned as RV(state), so a role that finds its PyTorch and checks what it installs makes
+        one remote call, not two. The comparison runs before the probes.
+    type: dict
 attributes:
   check_mode:
     support: full
@@ -91,6 +98,12 @@ EXAMPLES = r"""
     only_candidates: true
     spec: ">=2.7,<2.8"
     required: true
+
+- name: Find the image's PyTorch and the setup packages that are missing, in one call
+  forja.gpu.torch_python_facts:
+    state:
+      packages: [python3-venv, util-linux]
+  register: found_torch
 
 - name: Show what was found
   ansible.builtin.debug:
@@ -139,6 +152,11 @@ probed:
   returned: always
   type: list
   elements: dict
+state:
+  description:
+    - M(forja.gpu.host_state)'s result for I(state) (C(ok), C(differences), C(packages_missing), ...).
+  returned: when state is given
+  type: dict
 """
 
 # Runs in each candidate; it must work on any Python 3 and never import torch (slow, and it may crash).
@@ -282,6 +300,7 @@ def main() -> None:
             "spec": {"type": "str", "default": ""},
             "probe_cuda": {"type": "bool", "default": False},
             "required": {"type": "bool", "default": False},
+            "state": {"type": "dict"},
         },
         supports_check_mode=True,
     )
@@ -290,6 +309,12 @@ def main() -> None:
         fits("0", params["spec"])
     except ValueError as exc:
         module.fail_json(msg=f"spec: {exc}")
+    state = None
+    if params["state"] is not None:
+        try:
+            state = compare(params["state"], module.run_command)
+        except HostStateError as exc:
+            module.fail_json(msg=f"state: {exc}")
     wanted = list(params["candidates"])
     if not params["only_candidates"]:
         wanted += params["default_candidates"]
@@ -304,6 +329,8 @@ def main() -> None:
         "site_dirs": chosen.get("site_dirs", []) if chosen else [],
         "probed": probed,
     }
+    if state is not None:
+        result["state"] = state
     if chosen and params["probe_cuda"]:
         rc, out, err = module.run_command([chosen["path"], "-c", CUDA_PROBE],
                                           environ_update={"PYTHONWARNINGS": "ignore"})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -42,8 +43,11 @@ def run_module(name: str, args: dict) -> tuple[int, dict]:
     """Run a module file as Ansible does on a host: its arguments in a JSON file, its result on stdout."""
     with_args = {"ANSIBLE_MODULE_ARGS": {"_ansible_check_mode": False, **args}}
     module = ROOT / "plugins" / "modules" / f"{name}.py"
+    # The collection's module_utils are found as Ansible's module packaging finds them: through the
+    # clone's collections/ folder (ansible_collections.forja.gpu).
     proc = subprocess.run([sys.executable, str(module), json.dumps(with_args)],
-                          capture_output=True, text=True, check=False, timeout=600)
+                          capture_output=True, text=True, check=False, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "collections")})
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     assert lines, f"{name} printed no result: {proc.stdout}{proc.stderr}"
     return proc.returncode, json.loads(lines[-1])

@@ -24,14 +24,19 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def host_state(**params: object) -> dict:
-    """Run forja.gpu.host_state on localhost as a play would, and return its result."""
-    proc = subprocess.run(
+def run_module(name: str, params: dict) -> subprocess.CompletedProcess[str]:
+    """Run a forja.gpu module on localhost as a play would."""
+    return subprocess.run(
         [str(Path(sys.executable).with_name("ansible")), "localhost", "-i", "localhost,", "-c", "local", "-o",
          "-e", f"ansible_python_interpreter={sys.executable}",
-         "-m", "forja.gpu.host_state", "-a", json.dumps(params)],
+         "-m", f"forja.gpu.{name}", "-a", json.dumps(params)],
         cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
         env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"})
+
+
+def host_state(**params: object) -> dict:
+    """Run forja.gpu.host_state on localhost as a play would, and return its result."""
+    proc = run_module("host_state", params)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(proc.stdout.split("=>", 1)[1])
 
@@ -111,3 +116,70 @@ def test_an_entry_without_its_key_is_refused_with_the_field_named():
         cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
         env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")})
     assert proc.returncode != 0 and "files[0] has no 'path'" in proc.stdout
+
+
+def test_nvidia_facts_makes_host_states_comparison_in_its_own_call(tmp_path):
+    # nvidia_stack detects the stack and compares what it manages in one remote call: the state
+    # option must report exactly what host_state reports for the same options.
+    conf = tmp_path / "pins.pref"
+    conf.write_text("Package: nvidia-*\n")
+    conf.chmod(0o644)
+    options = {"holds": ["forja-no-such-kernel"] if shutil.which("dpkg-query") else [],
+               "files": [{"what": "pref", "path": str(conf), "mode": "0600"},
+                         {"what": "unattended", "path": str(tmp_path / "gone")}],
+               "exists": [str(conf)]}
+    proc = run_module("nvidia_facts", {"state": options, "dlvm_markers": []})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    state = json.loads(proc.stdout.split("=>", 1)[1])["state"]
+    assert [(f["what"], f["reason"]) for f in state["files_differ"]] == [
+        ("pref", "mode 0644, not 0600"), ("unattended", "missing")]
+    assert state["holds_installed"] == [] and state["ok"] is False
+    alone = host_state(**options)
+    assert state == {key: value for key, value in alone.items() if key != "changed"}
+
+
+@pytest.mark.parametrize(("state", "message"), [
+    ({"filez": []}, "state: unknown host_state option(s) ['filez']"),
+    ({"units": [{"enabled": True}]}, "state: units[0] has no 'name'"),
+])
+def test_nvidia_facts_refuses_a_bad_state_option_naming_it(state, message):
+    proc = run_module("nvidia_facts", {"state": state})
+    assert proc.returncode != 0 and message in proc.stdout, proc.stdout
+
+
+def test_torch_python_facts_reports_the_missing_packages_in_its_own_call():
+    # trainer_run finds its PyTorch and the setup packages that are missing in one remote call.
+    packages = ["dpkg", "forja-no-such-package"] if shutil.which("dpkg-query") else []
+    proc = run_module("torch_python_facts", {"candidates": [sys.executable], "only_candidates": True,
+                                             "state": {"packages": packages}})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout.split("=>", 1)[1])
+    assert result["probed"][0]["path"] == sys.executable
+    assert result["state"]["packages_missing"] == packages[1:]
+    assert result["state"]["ok"] is (not packages)
+
+
+def test_a_layered_environment_is_compared_with_its_record_as_forja_torch_env_would(tmp_path):
+    # jupyter_colab calls forja_torch_env only for a kernel environment host_state reports out of date:
+    # both must decide alike, from the record and the base interpreter, whatever the inputs.
+    base = getattr(sys, "_base_executable", sys.executable)
+    env = {"base_python": base, "path": str(tmp_path / "env"), "pin": [], "mutable": True}
+    built = run_module("forja_torch_env", env)
+    assert built.returncode == 0 and '"action": "create"' in built.stdout, built.stdout + built.stderr
+    result = host_state(torch_envs=[
+        {**env, "name": "as built"},  # extra keys (a role's own) are ignored
+        {**env, "packages": ["forja-some-dist==1.0"]},
+        {**env, "path": str(tmp_path / "never-built")},
+        {**env, "path": str(tmp_path / "other"), "base_python": str(tmp_path / "no-python")},
+        {**env, "mutable": False, "owner": "root"},
+    ])
+    assert [(e["action"], e["reason"]) for e in result["torch_envs"]] == [
+        ("none", ""),
+        ("update", "its inputs changed since it was built"),
+        ("create", "no finished environment (no record)"),
+        ("check", f"base_python: {tmp_path / 'no-python'} is not an executable interpreter on the host"),
+        ("rebuild", "its inputs changed since it was built"),
+    ]
+    assert result["ok"] is False and len(result["differences"]) == 4
+    again = run_module("forja_torch_env", env)  # and forja_torch_env agrees on the one found as built
+    assert again.returncode == 0 and '"action": "none"' in again.stdout, again.stdout

@@ -15,7 +15,7 @@ for the same steps, through forja's own launch path: ``roles/trainer_run/files/f
 (what the trainer_run unit runs) with the run contract the role writes (``FORJA_NNODES``,
 ``FORJA_NODE_RANK``, ``FORJA_NPROC_PER_NODE``, ``FORJA_MASTER_ADDR``/``PORT``,
 ``GLOO_SOCKET_IFNAME``). One process runs the trainer directly; more start
-``torch.distributed.run`` (``--standalone`` on one host; ``--nnodes=2 --node_rank --master_addr``
+``torch.distributed.run`` (``--standalone`` on one host; elastic ``--nnodes=2:2 --rdzv_backend=c10d``
 across hosts: the path on which the trainer_run molecule scenario trains on two test hosts).
 Every process gets ``--threads`` intra-op threads (OMP_NUM_THREADS, as ``trainer_run_env`` would set
 it; default 1), so N processes use N cores, as one process per GPU uses N GPUs: the question the
@@ -78,8 +78,8 @@ LAUNCHER = REPO / "roles" / "trainer_run" / "files" / "forja-train-launch"
 #: The image's Python (the Deep Learning VM layer), which has PyTorch.
 PYTHON = "/usr/bin/python3"
 WHEELHOUSE = "/var/cache/forja-pip/wheelhouse"
-#: The trainer_run role's defaults: the rendezvous port comes from there.
-ROLE_DEFAULTS = REPO / "roles" / "trainer_run" / "defaults" / "main.yml"
+#: The rendezvous port on node 0 (a free port of the test host; trainer_run's outside a cluster is the same).
+RENDEZVOUS_PORT = 29500
 RUN_TIMEOUT_S = 1800
 
 
@@ -161,7 +161,10 @@ def launch(row: Row, hosts: list[testhosts.Host], out: str, config: str,
             "FORJA_CONFIG": config, "FORJA_PYTHON": PYTHON, "FORJA_NNODES": row.nodes,
             "FORJA_NODE_RANK": rank, "FORJA_NPROC_PER_NODE": row.per_node,
             "FORJA_MASTER_ADDR": hosts[0].address,
-            "FORJA_MASTER_PORT": yaml.safe_load(ROLE_DEFAULTS.read_text())["trainer_run_master_port"],
+            "FORJA_MASTER_PORT": RENDEZVOUS_PORT,
+            # this node's rendezvous name (the role's are forja-<run>-nodeNNN in /etc/hosts): the
+            # addresses sort as the ranks do here (th46 first), so torch's RANK 0 is on node 0
+            "FORJA_NODE_ADDR": hosts[rank].address,
             "GLOO_SOCKET_IFNAME": "eth0",
             **({"OMP_NUM_THREADS": threads} if threads else {}),
         }

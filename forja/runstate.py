@@ -63,6 +63,8 @@ class RunState(BaseModel):
     total_steps: int | None = None
     last: dict[str, Any] | None = None
     summary: dict[str, Any] | None = None
+    #: On several nodes, this node's torchrun round: restart_count, max_restarts, rank, world_size, nodes.
+    elastic: dict[str, Any] | None = None
     journal: str = ""
     journal_cursor: str = ""
     schema_version: int = Field(default=SCHEMA_VERSION, alias=SCHEMA_KEY)
@@ -75,6 +77,12 @@ class RunState(BaseModel):
     def step(self) -> int | None:
         value = (self.last or {}).get("step")
         return int(value) if isinstance(value, int | float) else None
+
+    @property
+    def elastic_restarts(self) -> int:
+        """Worker-group restarts torchrun's elastic agent made on this node since its unit last started."""
+        value = (self.elastic or {}).get("restart_count")
+        return int(value) if isinstance(value, int) else 0
 
     @property
     def loss(self) -> float | None:

@@ -62,11 +62,21 @@ def test_ranks_and_rendezvous_come_from_the_play_order(host) -> None:
     assert e["FORJA_NODE_RANK"] == {"th3": "0", "th4": "1"}[name(host)]
     assert e["FORJA_MASTER_ADDR"] == "10.213.0.13"
     assert e["GLOO_SOCKET_IFNAME"] == "eth0"
+    # elastic torchrun: every node needed by default, a restart budget, and this node's rendezvous name,
+    # which every node maps to its address (the names sort by node rank: torch's RANK 0 is on node 0)
+    assert (e["FORJA_MIN_NODES"], e["FORJA_MAX_RESTARTS"]) == ("2", "3")
+    assert e["FORJA_NODE_ADDR"] == f"forja-{RUN}-node00{e['FORJA_NODE_RANK']}"
+    hosts = read(host, "/etc/hosts").splitlines()
+    assert hosts[1:3] == [f"10.213.0.13 forja-{RUN}-node000", f"10.213.0.14 forja-{RUN}-node001"], hosts[:4]
 
 
 def test_both_ranks_trained_together_and_agree_on_the_result(host) -> None:
     journal = host.check_output(f"sudo journalctl -u {UNIT} --no-pager -o cat")
-    assert "--nnodes=2" in journal and f"run {RUN} completed" in journal
+    assert "--nnodes=2:2 " in journal and "--rdzv_backend=c10d" in journal
+    assert f"run {RUN} completed" in journal
+    elastic = json.loads(read(host, f"{OUT}/elastic.json"))  # no node was lost: no restart
+    assert (elastic["restart_count"], elastic["world_size"]) == (0, 2)
+    assert elastic["rank"] == elastic["group_rank"] == int(env(host)["FORJA_NODE_RANK"])
     if name(host) == "th3":
         summary = json.loads(read(host, f"{OUT}/summary.json"))
         # world_size 2 and the global batch twice the micro-batch: the steps ran as one job over two

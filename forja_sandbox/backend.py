@@ -77,6 +77,8 @@ class TestHostBackend:
         # loads, so a host never ends with older rules than the newest report.
         self._firewall_lock = threading.Lock()
         self._firewalls: dict[str, list[dict[str, Any]]] = {}
+        # ... and its instances (their tags and internal IPs: the sources of sourceTags rules).
+        self._peers: dict[str, list[dict[str, Any]]] = {}
         if bindings_file.exists():
             self._bindings = {k: int(v) for k, v in json.loads(bindings_file.read_text()).items()}
 
@@ -132,7 +134,11 @@ class TestHostBackend:
         if not self._enforce_firewall:
             return None
         with self._firewall_lock:
-            return firewall.ruleset(self._firewalls.get(project_of(instance), []), instance)
+            return self._ruleset_locked(instance)
+
+    def _ruleset_locked(self, instance: dict[str, Any]) -> str:
+        project = project_of(instance)
+        return firewall.ruleset(self._firewalls.get(project, []), instance, self._peers.get(project, []))
 
     def _reload_if_changed(
         self, instance: dict[str, Any], index: int, loaded: str | None, always: bool = False
@@ -141,22 +147,27 @@ class TestHostBackend:
         if loaded is None:
             return
         with self._firewall_lock:
-            rules = firewall.ruleset(self._firewalls.get(project_of(instance), []), instance)
+            rules = self._ruleset_locked(instance)
             if always or rules != loaded:
                 testhosts.apply_firewall(index, rules)
 
     def firewalls_changed(
         self, project: str, firewalls: list[dict[str, Any]], instances: list[dict[str, Any]]
     ) -> None:
-        """The emulator's report of a project's rules: keep them, and reload every host of it that is up."""
+        """The emulator's report of a project's rules and instances: keep them, and reload every host of it.
+
+        Instances count too: a rule whose sources are tags admits the tagged instances' addresses,
+        which change when one is created, started or deleted.
+        """
         if not self._enforce_firewall:
             return
         with self._firewall_lock:
             self._firewalls[project] = list(firewalls)
+            self._peers[project] = list(instances)
             for instance in instances:
                 index = self.index_of(instance)
                 if index is not None:
-                    testhosts.apply_firewall(index, firewall.ruleset(firewalls, instance))
+                    testhosts.apply_firewall(index, firewall.ruleset(firewalls, instance, instances))
 
     def stop(self, instance: dict[str, Any]) -> None:
         index = self.index_of(instance)

@@ -12,9 +12,12 @@ GCE's semantics, as documented ("VPC firewall rules"), that the ruleset keeps:
   `targetTags` (or running as one of its `targetServiceAccounts`);
 - the first matching rule by priority decides (lower number first); at equal priority a deny
   rule wins over an allow rule; disabled rules count for nothing.
-What it does not enforce (see forja_sandbox/README.md): egress rules, `sourceTags` and
-`sourceServiceAccounts` (a rule whose only sources are those matches nothing here), IPv6
-ranges, and rule logging.
+- a rule admits traffic from its `sourceRanges` or from the primary internal IP of the instances of
+  the same network that carry one of its `sourceTags` or run as one of its `sourceServiceAccounts`
+  (GCE: "source tags ... apply to the primary internal IP address" of those instances), so a
+  cluster's rule between its members' tag admits exactly the members, as it does on GCE.
+What it does not enforce (see forja_sandbox/README.md): egress rules, IPv6 ranges, and rule
+logging.
 
 Everything here is pure (dicts in, text out); `testhosts` loads the text with one `nft -f`,
 which replaces the table atomically.
@@ -111,17 +114,39 @@ def _port_ranges(ports: Iterable[Any]) -> list[tuple[int, int]]:
     return merged
 
 
+def source_addresses(rule: Json, peers: Iterable[Json]) -> list[str]:
+    """The primary internal IPs (as /32) of the peers a rule's `sourceTags`/`sourceServiceAccounts` name.
+
+    Peers are the project's instances; only those of the rule's network with an address count.
+    """
+    tags = set(rule.get("sourceTags") or [])
+    accounts = set(rule.get("sourceServiceAccounts") or [])
+    if not tags and not accounts:
+        return []
+    network = _last_segment(rule.get("network")) or "default"
+    found = []
+    for peer in peers:
+        address = ((peer.get("networkInterfaces") or [{}])[0]).get("networkIP")
+        if not address or instance_network(peer) != network:
+            continue
+        peer_tags = set((peer.get("tags") or {}).get("items") or [])
+        peer_accounts = {str(sa.get("email")) for sa in peer.get("serviceAccounts") or []}
+        if tags & peer_tags or accounts & peer_accounts:
+            found.append(f"{address}/32")
+    return found
+
+
 def _set(elements: list[str]) -> str:
     return elements[0] if len(elements) == 1 else "{ " + ", ".join(elements) + " }"
 
 
-def _match_lines(rule: Json) -> list[str]:
+def _match_lines(rule: Json, peers: Iterable[Json] = ()) -> list[str]:
     """The nft matches of one rule, one line per `allowed`/`denied` entry; [] if it can match nothing.
 
-    Only `sourceRanges` are enforced: a rule whose sources are only tags or service accounts
-    matches nothing here (an allow admits nothing, a deny refuses nothing).
+    The sources are the rule's `sourceRanges` plus the addresses of the peers its `sourceTags` /
+    `sourceServiceAccounts` name; with none of them (no such peer up yet) it matches nothing.
     """
-    sources = _ipv4_set(rule.get("sourceRanges") or [])
+    sources = _ipv4_set([*(rule.get("sourceRanges") or []), *source_addresses(rule, peers)])
     if sources is None:
         return []
     destinations = None
@@ -145,8 +170,10 @@ def _match_lines(rule: Json) -> list[str]:
     return lines
 
 
-def ruleset(firewalls: Iterable[Json], instance: Json) -> str:
+def ruleset(firewalls: Iterable[Json], instance: Json, peers: Iterable[Json] = ()) -> str:
     """The `nft -f` text that gives the instance's namespace exactly these rules, atomically.
+
+    `peers` are the project's instances, for the rules whose sources are tags or service accounts.
 
     The first two lines make sure the table exists and then delete it, so loading the text
     replaces whatever an earlier load left, in the one transaction `nft -f` runs.
@@ -164,9 +191,10 @@ def ruleset(firewalls: Iterable[Json], instance: Json) -> str:
     for rule in evaluation_order(firewalls, instance):
         verdict = "drop" if rule.get("denied") else "accept"
         comment = f'comment "{rule.get("name")} priority {int(rule.get("priority", DEFAULT_PRIORITY))}"'
-        matches = _match_lines(rule)
+        matches = _match_lines(rule, peers)
         if not matches:
-            lines.append(f"    # {rule.get('name')}: no IPv4 source range, matches nothing here")
+            lines.append(f"    # {rule.get('name')}: no IPv4 source (range, or tagged instance), "
+                         "matches nothing here")
         for match in matches:
             lines.append(f"    {match} {verdict} {comment}")
     lines += ["  }", "  # no output chain: GCE's implied allow of egress (egress rules are not enforced)"]

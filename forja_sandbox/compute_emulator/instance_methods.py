@@ -169,7 +169,8 @@ class InstanceMethods(ApiBase):
             self._assign_ips(record, address)
             self._set_status(record, "RUNNING", lastStartTimestamp=now())
 
-        return self._launch(call, op, work, record)
+        # The instance's address changes: rules whose sources are tags follow it.
+        return self._launch(call, op, self._then_sync_firewalls(call.project, work), record)
 
     def instances_delete(self, call: Call) -> Json:
         record = self._record(call)
@@ -199,7 +200,8 @@ class InstanceMethods(ApiBase):
             with self.store.changed:
                 self.store.changed.notify_all()
 
-        return self._launch(call, op, work, record)
+        # The instance's address changes: rules whose sources are tags follow it.
+        return self._launch(call, op, self._then_sync_firewalls(call.project, work), record)
 
     def instances_start(self, call: Call) -> Json:
         record = self._record(call)
@@ -227,7 +229,8 @@ class InstanceMethods(ApiBase):
             self._assign_ips(record, address)
             self._set_status(record, "RUNNING", lastStartTimestamp=now())
 
-        return self._launch(call, op, work, record)
+        # The instance's address changes: rules whose sources are tags follow it.
+        return self._launch(call, op, self._then_sync_firewalls(call.project, work), record)
 
     def instances_stop(self, call: Call) -> Json:
         record = self._record(call)

@@ -3,7 +3,7 @@
 - `forja_sandbox.firewall.ruleset` keeps GCE's semantics: implied deny of ingress, replies and
   loopback pass, rules ordered by priority with deny first at equal priority, targetTags /
   targetServiceAccounts choose the instances, disabled and egress rules count for nothing, and
-  sources that are not IPv4 ranges match nothing.
+  sources are IPv4 ranges or the addresses of instances carrying a source tag or account.
 - Every text it makes loads with `nft -f` (in a throwaway network namespace), twice in a row: the
   table is replaced, never doubled.
 - The emulator tells a backend that has `firewalls_changed` the project's rules and instances on the
@@ -163,9 +163,34 @@ def test_ingress_destination_ranges_narrow_the_rule() -> None:
         {"sourceRanges": ["::/0"]},
     ],
 )
-def test_sources_that_are_not_ipv4_ranges_match_nothing(sources: dict[str, Any]) -> None:
+def test_sources_that_are_not_ipv4_ranges_or_instances_up_match_nothing(sources: dict[str, Any]) -> None:
     lines = rule_lines(ruleset([rule("unenforced", **sources)], vm()))
-    assert lines == ["# unenforced: no IPv4 source range, matches nothing here"]
+    assert lines == ["# unenforced: no IPv4 source (range, or tagged instance), matches nothing here"]
+
+
+def peer(name: str, address: str | None, *tags: str, network: str = "default",
+         accounts: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Another instance of the project, as the emulator reports it (its primary internal IP)."""
+    nic: dict[str, Any] = {"network": f"global/networks/{network}"}
+    if address:
+        nic["networkIP"] = address
+    found = {**vm(*tags, accounts=accounts), "name": name, "networkInterfaces": [nic]}
+    return found
+
+
+def test_source_tags_and_accounts_admit_the_primary_ips_of_the_instances_that_carry_them() -> None:
+    cluster = rule("cluster", sourceRanges=[], sourceTags=["team"], targetTags=["team"],
+                   allowed=[{"IPProtocol": "tcp", "ports": ["29400", "32768-60999"]}])
+    peers = [peer("team-0", "10.213.0.20", "team"), peer("team-1", "10.213.0.25", "team"),
+             peer("other", "10.213.0.22", "web"), peer("booting", None, "team"),
+             peer("elsewhere", "10.9.0.5", "team", network="lab")]
+    assert rule_lines(ruleset([cluster], vm("team"), peers)) == [
+        "ip saddr { 10.213.0.20/32, 10.213.0.25/32 } meta l4proto 6 th dport { 29400, 32768-60999 } accept "
+        'comment "cluster priority 1000"'
+    ]
+    by_account = rule("sa", sourceRanges=["192.0.2.0/24"], sourceServiceAccounts=["trainer@p.iam"])
+    lines = rule_lines(ruleset([by_account], vm(), [peer("t", "10.213.0.30", accounts=("trainer@p.iam",))]))
+    assert lines[0].startswith("ip saddr { 10.213.0.30/32, 192.0.2.0/24 } ")  # ranges or instances
 
 
 NFT_CASES = [
@@ -275,6 +300,21 @@ def test_the_emulator_reports_every_firewall_and_tag_change_before_the_operation
         assert recorder.reports[-1][2] == {"vm-a": ["fw-b"]}
         api.call("DELETE", "global/firewalls/ssh")
         assert recorder.reports[-1][1] == []
+
+
+def test_the_emulator_reports_instances_made_started_and_deleted_for_rules_whose_sources_are_tags() -> None:
+    recorder = FirewallRecorder()
+    with ComputeEmulator(backend=recorder) as emu:
+        api = Api(emu)
+        for name in ("team-0", "team-1"):
+            api.call("POST", f"zones/{ZONE}/instances", small_vm(name, ["team"]))
+            assert name in recorder.reports[-1][2] and recorder.reports[-1][3].startswith("op-")
+        api.call("POST", f"zones/{ZONE}/instances/team-1/stop")
+        before = len(recorder.reports)
+        api.call("POST", f"zones/{ZONE}/instances/team-1/start")
+        assert len(recorder.reports) > before, "a start reports: the instance's address may change"
+        api.call("DELETE", f"zones/{ZONE}/instances/team-1")
+        assert recorder.reports[-1][2] == {"team-0": ["team"]}
 
 
 def test_quick_changes_leave_the_backend_with_the_newest_rules() -> None:

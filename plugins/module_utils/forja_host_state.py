@@ -204,6 +204,21 @@ def entries_error(params: dict) -> str:
     return ""
 
 
+def state_option(module) -> dict | None:  # type: ignore[no-untyped-def]
+    """A facts module's `state` option compared in its own call (None when not given).
+
+    Why here: nvidia_facts and torch_python_facts take host_state's comparison as an option, so a
+    role reads its host once; a bad option fails the module naming `state`.
+    """
+    if module.params.get("state") is None:
+        return None
+    try:
+        return compare(module.params["state"], module.run_command)
+    except HostStateError as exc:
+        module.fail_json(msg=f"state: {exc}")
+        raise  # fail_json exits; this keeps the type checker and a stubbed module honest
+
+
 def compare(options: dict, run_command: RunCommand) -> dict:
     """Compare the host with `options` (host_state's options); return host_state's result keys.
 

@@ -19,7 +19,7 @@ import re
 import xml.etree.ElementTree as ET
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.forja.gpu.plugins.module_utils.forja_host_state import HostStateError, compare
+from ansible_collections.forja.gpu.plugins.module_utils.forja_host_state import state_option
 
 DOCUMENTATION = r"""
 ---
@@ -532,12 +532,7 @@ def main() -> None:
         re.compile(params["package_pattern"])
     except re.error as exc:
         module.fail_json(msg=f"package_pattern is not a valid regular expression: {exc}")
-    state = None
-    if params["state"] is not None:
-        try:
-            state = compare(params["state"], module.run_command)
-        except HostStateError as exc:
-            module.fail_json(msg=f"state: {exc}")
+    state = state_option(module)
 
     smi = run_smi(module, params["nvidia_smi"])
     try:

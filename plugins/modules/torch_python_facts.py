@@ -17,7 +17,7 @@ import os
 import re
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.forja.gpu.plugins.module_utils.forja_host_state import HostStateError, compare
+from ansible_collections.forja.gpu.plugins.module_utils.forja_host_state import state_option
 
 DOCUMENTATION = r"""
 ---
@@ -309,12 +309,7 @@ def main() -> None:
         fits("0", params["spec"])
     except ValueError as exc:
         module.fail_json(msg=f"spec: {exc}")
-    state = None
-    if params["state"] is not None:
-        try:
-            state = compare(params["state"], module.run_command)
-        except HostStateError as exc:
-            module.fail_json(msg=f"state: {exc}")
+    state = state_option(module)
     wanted = list(params["candidates"])
     if not params["only_candidates"]:
         wanted += params["default_candidates"]

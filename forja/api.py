@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from forja import contract, errors, live, runstate
 from forja import events as ev
 from forja.history import History, summary_fields
-from forja.inventory import InventoryHost
+from forja.inventory import Cluster, InventoryHost
 from forja.runner import PlaybookRun, RunResult, Stream
 from forja.runner import run as run_playbook
 from forja.tunnel import TunnelPlan
@@ -75,6 +75,10 @@ class TrainStatus:
     node_rank: int
     summary: dict[str, Any] | None = None
     journal: str = ""
+    #: Nodes of the run (1: one VM); node_rank is this host's among them.
+    nnodes: int = 1
+    #: Worker-group restarts of torchrun's elastic agent on this node (None: not an elastic run).
+    elastic_restarts: int | None = None
 
 
 @dataclass(frozen=True)
@@ -232,6 +236,10 @@ class Forja:
         send_project: send `project_dir` with the trainer (False sends only the trainer).
         follow_window_s: seconds one follow playbook polls before the next takes over (not a
             limit; None: FORJA_FOLLOW_WINDOW_S or FOLLOW_WINDOW_S).
+        cluster: act on this cluster of the inventory (`gcp_instance_count: N`), named as its VMs
+            were (gcp_instance_name, e.g. "forja-l4"): the playbooks aim at its group, a run is
+            followed and fetched on its rank-0 member and recorded with every member as its hosts.
+            A name the inventory has no cluster of raises ConfigError naming those it has.
     """
 
     def __init__(
@@ -247,6 +255,7 @@ class Forja:
         history: History | None = None,
         send_project: bool = True,
         follow_window_s: int | None = None,
+        cluster: str | None = None,
     ) -> None:
         from forja import inventory as inventories
 
@@ -261,6 +270,8 @@ class Forja:
         self.send_project = send_project
         window = follow_window_s or os.environ.get("FORJA_FOLLOW_WINDOW_S") or FOLLOW_WINDOW_S
         self.follow_window_s = max(1, int(window))
+        self.cluster = cluster
+        self._cluster: Cluster | None = None  # read from the inventory on first use
         #: The cancel token of every call in flight (one per call: calls never cancel each other).
         self._inflight: set[threading.Event] = set()
         self._lock = threading.Lock()
@@ -274,12 +285,37 @@ class Forja:
         return PlaybookRun(
             playbook=playbook,
             inventory=inventory.required(self.inventory),
-            extravars={**self.extravars, **(extravars or {})},
+            extravars={**self.extravars, **self._cluster_hosts(), **(extravars or {})},
             limit=self.limit,
             host_key_checking=self.host_key_checking,
             timeout_s=timeout_s,
             private_data_dir=self.private_data_dir,
         )
+
+    def _chosen_cluster(self) -> Cluster | None:
+        """The cluster named with `cluster=`, read from the inventory once; None when none is named."""
+        if self.cluster is None:
+            return None
+        if self._cluster is None:
+            from forja import inventory
+
+            listing = inventory.read(inventory.required(self.inventory))
+            self._cluster = inventory.cluster(listing, self.cluster)
+        return self._cluster
+
+    def _cluster_hosts(self, rank0: bool = False) -> dict[str, Any]:
+        """The play's hosts when a cluster is named: its group, or its rank-0 member alone (`rank0`:
+        the one that follows a run and has its results, as trainer_run's own wait and fetch do)."""
+        chosen = self._chosen_cluster()
+        if chosen is None:
+            return {}
+        return {"forja_hosts": chosen.rank0 if rank0 else chosen.group}
+
+    def _run_hosts(self, states: Sequence[tuple[str, runstate.RunState]]) -> list[str]:
+        """The hosts a followed run is recorded on: every member of the named cluster (all of them
+        are kept up, and priced), else the hosts that reported it."""
+        chosen = self._chosen_cluster()
+        return list(chosen.members) if chosen is not None else sorted({h for h, _ in states})
 
     def _run(
         self,
@@ -433,6 +469,9 @@ class Forja:
         """
         from forja import managed
 
+        if self.cluster is not None:
+            raise errors.ConfigError("--cluster", "a managed run watches one VM; drop --managed to train on "
+                                                  "a cluster (its elastic torchrun outlives a lost member)")
         budget = managed.checked_request(fallback_zones, budget)
         sent = {"config": str(config) if config else None, **train, "wait": False}
         result = self.train(**sent)
@@ -481,7 +520,9 @@ class Forja:
         `vertex_cancel`).
 
         `procs` is the number of processes per host (torchrun, DDP); None lets the role choose: one
-        per GPU, or trainer_run_cpu_procs on a host without one.
+        per GPU, or trainer_run_cpu_procs on a host without one. On a cluster (`Forja(cluster=NAME)`,
+        `forja train --cluster NAME`) every member runs elastic torchrun; its rank 0 is followed and
+        fetched, and the history records every member as the run's hosts.
 
         What runs: the built-in trainer on `config`, or your own `script` (a file inside the project,
         run with `args`, e.g. `script="train.py", args=["--lr", "3e-4"]`; the run name then defaults
@@ -496,7 +537,8 @@ class Forja:
         """
         if backend != "vm":
             unsupported = {"script": script, "args": list(args), "project": project,
-                           "excludes": list(excludes), "procs": procs, "extravars": dict(extravars or {})}
+                           "excludes": list(excludes), "procs": procs, "extravars": dict(extravars or {}),
+                           "cluster": self.cluster}
             return self._train_vertex(config, backend, vertex, unsupported, name=name, wait=wait, fetch=fetch,
                                       checkpoints=checkpoints, timeout_s=timeout_s, poll_s=poll_s,
                                       on_event=on_event, cancel=cancel)
@@ -517,6 +559,7 @@ class Forja:
         from forja import inventory
 
         inventory.required(self.inventory)  # no hosts named: stop before the history records a run
+        self._chosen_cluster()  # nor a cluster the inventory does not have
         self.history.start(
             run_id, name=run_id, config_path=str(plan.record_path), config_hash=_config_hash(plan.record_path)
         )
@@ -602,7 +645,7 @@ class Forja:
                     return self._detached(name, "timeout", states, last)
                 window = max(1, min(window, math.ceil(left)))
             extravars = {"trainer_run_name": name, "trainer_run_wait_timeout_s": window,
-                         "trainer_run_poll_s": poll}
+                         "trainer_run_poll_s": poll, **self._cluster_hosts(rank0=True)}
             try:
                 last = self._run("train_wait.yml", extravars, on_event=both, cancel=cancel, check=False)
             except KeyboardInterrupt:
@@ -620,7 +663,7 @@ class Forja:
                 raise errors.RunNotFound(f"run {name!r} is not on {where}; see `forja status`")
             if rank0.final or not last.ok:
                 return self._finish(name, states, rank0, last, fetch=fetch, checkpoints=checkpoints)
-            self.history.record_host_run(rank0, hosts=sorted({h for h, _ in states}))  # one started elsewhere
+            self.history.record_host_run(rank0, hosts=self._run_hosts(states))  # one started elsewhere
 
     def _train_vertex(
         self, config: str | Path | None, backend: str, options: VertexOptions | None,
@@ -674,7 +717,7 @@ class Forja:
         checkpoints: bool,
     ) -> TrainResult:
         """Record how a followed run ended (the host's status, never a clock's), fetch it, report it."""
-        hosts = sorted({h for h, _ in states})
+        hosts = self._run_hosts(states)
         self.history.record_host_run(rank0, hosts=hosts)  # adds a run started outside forja
         summary: dict[str, Any] = dict(rank0.summary or {})
         fields: dict[str, Any] = {"status": rank0.status, "hosts": hosts, **summary_fields(summary)}
@@ -698,7 +741,7 @@ class Forja:
         """Stop following a run that goes on: the history keeps "running" and notes why."""
         with contextlib.suppress(errors.RunNotFound):
             self.history.record_event(name, "detached", reason=reason)
-        hosts = sorted({h for h, _ in states}) or (sorted(last.stats) if last else [])
+        hosts = (self._run_hosts(states) if states else []) or (sorted(last.stats) if last else [])
         return TrainResult(name, "running", hosts, {}, None, last, detached=reason)
 
     def _follow_limit(self, timeout_s: float | None) -> float | None:
@@ -814,7 +857,7 @@ class Forja:
         result = self._run(
             "train_fetch.yml",
             {"trainer_run_name": name, "trainer_run_fetch_dir": str(target),
-             "trainer_run_fetch_checkpoints": checkpoints},
+             "trainer_run_fetch_checkpoints": checkpoints, **self._cluster_hosts(rank0=True)},
         )
         summary, artifact = self._read_results(name, target)
         with contextlib.suppress(errors.RunNotFound):
@@ -1153,6 +1196,9 @@ class Forja:
             raise errors.ConfigError("config", f"{config} is not a file; give a trainer config YAML")
         found = [dict(i) for i in instances] if instances is not None else (
             inventory.gcp_instances(inventory.required(self.inventory))[0])
+        chosen = self._chosen_cluster() if instances is None else None
+        if chosen is not None:  # the run keeps its cluster up, not the inventory's other VMs
+            found = [i for i in found if i.get("name") in chosen.members]
         if not found:
             raise errors.ConfigError("inventory", "no host with a machine_type and zone to price")
         try:
@@ -1256,7 +1302,8 @@ class _ProgressRecorder:
 
 def _rank0(pairs: Sequence[tuple[str, runstate.RunState]]) -> runstate.RunState | None:
     """The state that speaks for a run: its rank-0 host's (the one that writes the summary)."""
-    ranked = sorted(pairs, key=lambda pair: (pair[1].node_rank, pair[0]))
+    # A host that does not know the run (status "unknown", rank 0 by default) speaks only when none does.
+    ranked = sorted(pairs, key=lambda pair: (pair[1].status == "unknown", pair[1].node_rank, pair[0]))
     return ranked[0][1] if ranked else None
 
 
@@ -1274,6 +1321,8 @@ def _status(host: str, state: runstate.RunState) -> TrainStatus:
         node_rank=state.node_rank,
         summary=state.summary,
         journal=state.journal,
+        nnodes=state.nnodes,
+        elastic_restarts=state.elastic_restarts if state.elastic is not None else None,
     )
 
 

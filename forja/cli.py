@@ -143,7 +143,9 @@ def _opts(ctx: typer.Context) -> Options:
     return obj if isinstance(obj, Options) else Options()
 
 
-def _forja(ctx: typer.Context, on_event: Callable[[Any], None] | None = None) -> Forja:
+def _forja(
+    ctx: typer.Context, on_event: Callable[[Any], None] | None = None, cluster: str | None = None
+) -> Forja:
     """The API object, built from the global options. Which inventory (-i, else FORJA_INVENTORY) is
     the API's rule (`forja.inventory.chosen`); a verb that needs hosts and has none named stops
     there with the choices, before anything runs, while the history and price lookups need none."""
@@ -154,6 +156,7 @@ def _forja(ctx: typer.Context, on_event: Callable[[Any], None] | None = None) ->
         host_key_checking=o.host_key_checking,
         limit=o.limit,
         on_event=on_event,
+        cluster=cluster,
     )
 
 
@@ -366,13 +369,14 @@ FOLLOWING = ("Following has no time limit. Ctrl-C stops following and leaves the
 
 
 def _follow_command(
-    ctx: typer.Context, action: Callable[[Forja, threading.Event], Any], timeout: float | None
+    ctx: typer.Context, action: Callable[[Forja, threading.Event], Any], timeout: float | None,
+    cluster: str | None = None,
 ) -> None:
     """Run `train` or `follow` with progress; report a run that ended, or one that goes on (exit 7)."""
     o = _opts(ctx)
     interrupted = threading.Event()
     with _ctrl_c_sets(interrupted), _progress(not o.json) as on_event:
-        result = action(_forja(ctx, on_event), interrupted)
+        result = action(_forja(ctx, on_event, cluster), interrupted)
     if result.detached is not None:
         _report_detached(result, timeout, o.json)
         return
@@ -451,6 +455,7 @@ def train(
                      "or trainer_run_cpu_procs on a host without a GPU."),
     ] = None,
     checkpoints: Annotated[bool, typer.Option("--checkpoints", help="Also fetch checkpoints.")] = False,
+    cluster: ClusterOption = None,
     managed: Annotated[
         bool, typer.Option("--managed", help="Send the run, then watch it (as `forja watch`): a preempted "
                            "VM is started again, one out of capacity moved to a --fallback-zone.")
@@ -476,14 +481,14 @@ def train(
         _follow_command(ctx, lambda f, interrupted: f.train(
             config, script=script, args=args, project=project, name=name, excludes=exclude or [],
             wait=not detach, checkpoints=checkpoints, timeout_s=timeout, procs=procs, cancel=interrupted,
-            backend=backend, vertex=options), timeout)  # fmt: skip
+            backend=backend, vertex=options), timeout, cluster)  # fmt: skip
         return
     if config is not None and script is None and config.is_file():  # bad input: train's own error says it
-        _show_estimate(ctx, config)
+        _show_estimate(ctx, config, cluster)
     if managed:
         with _errors(ctx, RUN_GOES_ON):
             budget = _budget(max_recoveries, max_down, max_down_usd)
-            why = _forja(ctx).train_managed(
+            why = _forja(ctx, cluster=cluster).train_managed(
                 config, fallback_zones=fallback_zone or [], budget=budget, poll_s=poll, say=_say,
                 script=str(script) if script else None, args=args, project=str(project) if project else None,
                 name=name, excludes=exclude or [], procs=procs)
@@ -496,9 +501,17 @@ def train(
             wait=not detach, checkpoints=checkpoints, timeout_s=timeout, procs=procs, cancel=interrupted,
         ),
         timeout,
+        cluster,
     )
 
 
+ClusterOption = Annotated[
+    str | None,
+    typer.Option("--cluster", help="A cluster of the inventory, named as its VMs are (gcp_instance_name "
+                 "of a `gcp_instance_count: N` cluster, e.g. forja-l4): act on its members only. A run there "
+                 "is on every member (elastic torchrun), followed and fetched on rank 0, and recorded with "
+                 "every member as its hosts."),
+]
 FallbackZones = Annotated[
     list[str] | None,
     typer.Option("--fallback-zone", help="A zone to move the run's VM to when its own has no capacity "
@@ -566,6 +579,7 @@ def follow(
         bool, typer.Option("--fetch/--no-fetch", help="Fetch the results when the run completes.")
     ] = True,
     checkpoints: Annotated[bool, typer.Option("--checkpoints", help="Also fetch checkpoints.")] = False,
+    cluster: ClusterOption = None,
 ) -> None:
     _follow_command(
         ctx,
@@ -573,6 +587,7 @@ def follow(
             name, fetch=fetch_results, checkpoints=checkpoints, timeout_s=timeout, cancel=interrupted
         ),
         timeout,
+        cluster,
     )
 
 
@@ -580,16 +595,19 @@ def follow(
 def status(
     ctx: typer.Context,
     name: Annotated[str | None, typer.Argument(help="Run name (default: every run on the hosts).")] = None,
+    cluster: ClusterOption = None,
 ) -> None:
-    states = _forja(ctx).status(name)
+    states = _forja(ctx, cluster=cluster).status(name)
     if _opts(ctx).json:
         _emit_json(states)
         return
     table = Table(title="training runs")
-    for col in ("host", "run", "unit", "status", "step", "loss"):
-        table.add_column(col, justify="right" if col in ("step", "loss") else "left")
-    for s in states:
-        table.add_row(s.host, s.run, s.unit_state, s.status, _steps(s.step, s.total_steps), fmt.loss(s.loss))
+    for col in ("host", "run", "rank", "unit", "status", "step", "loss", "elastic restarts"):
+        table.add_column(col, justify="right" if col in ("step", "loss", "elastic restarts") else "left")
+    for s in states:  # rank and restarts of a run on several nodes (a cluster's members)
+        table.add_row(s.host, s.run, f"{s.node_rank} of {s.nnodes}" if s.nnodes > 1 else "", s.unit_state,
+                      s.status, _steps(s.step, s.total_steps), fmt.loss(s.loss),
+                      "" if s.elastic_restarts is None else str(s.elastic_restarts))
     out.print(table)
 
 
@@ -900,11 +918,14 @@ def _show_run_cost(ctx: typer.Context, found: Any) -> None:
         out.print(f"the trainer's own figure (its processes only): {fmt.money(found.trainer_usd)}")
 
 
-def _show_estimate(ctx: typer.Context, config: Path) -> None:
-    """`forja train`'s estimate before sending (stderr): a run not priced says why and goes on."""
+def _show_estimate(ctx: typer.Context, config: Path, cluster: str | None = None) -> None:
+    """`forja train`'s estimate before sending (stderr): a run not priced says why and goes on; a
+    cluster the inventory does not have is the command's error, said once, before anything is sent."""
     try:
-        found = _forja(ctx).estimate(config)
+        found = _forja(ctx, cluster=cluster).estimate(config)
     except ForjaError as exc:
+        if getattr(exc, "field", None) == "--cluster":
+            raise
         console.print(f"no cost estimate: {exc.message}", soft_wrap=True, highlight=False)
         return
     console.print(found.describe(), soft_wrap=True, highlight=False)

@@ -262,3 +262,56 @@ def stop_reason(host: InventoryHost) -> str | None:
 def _ago(seconds: float) -> str:
     """How long ago, as forja shows a duration (`30m 00s ago`, `1h 30m ago`, `2d 07h ago`)."""
     return f"{fmt.duration(max(0.0, seconds))} ago"
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A cluster of the inventory (`gcp_instance_count: N`): the name the user gave its VMs, the group
+    the playbooks act on, and its members in rank order (rank 0 first: it follows and writes the run)."""
+
+    name: str
+    group: str
+    members: list[str]
+
+    @property
+    def rank0(self) -> str:
+        return self.members[0]
+
+
+def clusters(data: InventoryData) -> dict[str, Cluster]:
+    """Every cluster of the inventory by its name, from the members' hostvars (`forja_cluster`,
+    `forja_node_rank`: the gcp_gpu plugin's documented contract, the variables `forja cost` reads too).
+
+    The group is the inventory's own group holding exactly the members (the plugin's `cluster_<name>`),
+    read, not rebuilt, so the name's spelling rule stays the plugin's; without one the members are
+    named one by one (an Ansible pattern with commas).
+    """
+    from forja.cost.cluster import cluster_of, rank_of
+
+    found: dict[str, list[tuple[int, str]]] = {}
+    for host, hv in data.hostvars.items():
+        name = cluster_of(hv)
+        if name is not None:
+            found.setdefault(name, []).append((rank_of(hv), host))
+    result: dict[str, Cluster] = {}
+    for name, ranked in sorted(found.items()):
+        members = [host for _, host in sorted(ranked)]
+        group = next((g for g in sorted(data.groups) if g.startswith("cluster_")
+                      and sorted(data.group_hosts(g)) == sorted(members)), ",".join(members))
+        result[name] = Cluster(name, group, members)
+    return result
+
+
+def cluster(data: InventoryData, name: str) -> Cluster:
+    """The cluster the user named as its VMs are named (`gcp_instance_name`, e.g. forja-l4).
+
+    Raises ConfigError naming the clusters the inventory has, before anything is sent.
+    """
+    found = clusters(data)
+    if name in found:
+        return found[name]
+    have = ", ".join(found) or "none"
+    raise errors.ConfigError(
+        "--cluster", f"{name!r} is not a cluster of the inventory (its clusters: {have}). Give the name "
+        "of the cluster's VMs (gcp_instance_name), as `forja -e gcp_instance_name=NAME "
+        "-e gcp_instance_count=N up` made them")

@@ -1,16 +1,20 @@
 """A 2-VM cluster of the sandbox trains with elastic torchrun and outlives a lost node.
 
 `gcp_instance_count: 2` makes forja-elastic-0 and forja-elastic-1 (a cluster apart from the default
-VM forja-l4) on the machine's sandbox: real hosts behind the GCE firewall the emulator enforces, with
-the cluster's rule opening the rendezvous and gloo ports between them. playbooks/train.yml, aimed at
-the cluster's group, starts the trainer_run unit on both: torchrun with a c10d rendezvous on node 0,
-one gloo process per node, the digits CNN with a checkpoint every 100 steps. Mid-run node 1 is lost:
-systemd SIGKILLs every process of its run (a Spot VM's run is gone as abruptly), and the unit's
-Restart=on-failure brings it back 10 s later, as a restarted Spot VM's enabled unit comes back at
-boot. The test checks that node 0's elastic agent restarted its workers within the restart budget,
-that training resumed from a checkpoint with both nodes and completed with world size 2, that the
-play followed node 0 and fetched its results, and that teardown removes both VMs. It starts the
-sandbox service when it is not running and stops it again, leaving other VMs alone.
+VM forja-l4) on the machine's sandbox: real hosts behind the GCE firewall the emulator enforces,
+with the cluster's rule opening the rendezvous and gloo ports between them (source and target: the
+cluster's tag, which the sandbox's firewall resolves to the members' addresses, as GCE does). The
+user's command, `forja train CONFIG --cluster forja-elastic`, sends the run to the cluster's group,
+which starts the trainer_run unit on both: torchrun with a c10d rendezvous on node 0, one gloo
+process per node, the digits CNN with a checkpoint every 100 steps. Mid-run node 1 is lost: systemd
+SIGKILLs every process of its run (a Spot VM's run is gone as abruptly), and the unit's Restart=on-
+failure brings it back 10 s later, as a restarted Spot VM's enabled unit comes back at boot. The
+test checks that node 0's elastic agent restarted its workers within the restart budget, that
+training resumed from a checkpoint with both nodes and completed with world size 2, that forja
+followed node 0 (progress in its history while it trained, follow windows of 60 s: no fixed clock)
+and fetched its results alone, that `forja runs`, `forja cost --run` and `forja status` count both
+members (status with their ranks and node 0's elastic restarts), and that teardown removes both VMs.
+It starts the sandbox service when it is not running and stops it again, leaving other VMs alone.
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ CLUSTER = ("-e", f"gcp_instance_name={NAME}", "-e", "gcp_instance_count=2", "-e"
            "-e", '{"gcp_instance_fallback_zones": []}')  # a cluster lives in one zone
 MAX_RESTARTS = 3  # trainer_run_max_restarts' default, named on the command so the test says what it checks
 STEPS = 2000
-MEMBERS_RULE = f"{NAME}-cluster-members"
+MEMBERS = [f"{NAME}-0", f"{NAME}-1"]
+FORJA = str(Path(sys.executable).with_name("forja"))
 
 
 def _ansible(
@@ -63,45 +68,6 @@ def _state(host: str) -> dict:
     return json.loads(_on(host, f"/usr/local/lib/forja/forja-train-state {RUN}").strip().splitlines()[-1])
 
 
-def _compute(method: str, path: str, body: dict | None = None) -> dict:
-    """One Compute API call to the sandbox, authorised with the sandbox's own service-account key."""
-    import google.auth.transport.requests
-    import requests
-    from google.oauth2 import service_account
-
-    endpoint = service.ensure_running()
-    creds = service_account.Credentials.from_service_account_file(
-        endpoint["credentials_file"], scopes=["https://www.googleapis.com/auth/compute"])
-    creds.refresh(google.auth.transport.requests.Request())
-    resp = requests.request(method, f"{endpoint['api_url']}projects/{endpoint['project']}/{path}",
-                            headers={"Authorization": f"Bearer {creds.token}"}, json=body, timeout=60)
-    resp.raise_for_status()
-    return resp.json()
-
-
-def _members_by_address() -> None:
-    """The cluster rule's meaning, spelled with source ranges: the sandbox enforces no sourceTags.
-
-    forja's rule (gcp_instance) admits the rendezvous and gloo ports from the cluster's tag, as GCE
-    wants; the sandbox's firewall matches only sourceRanges (forja_sandbox/README.md), so this rule
-    admits the same ports from the members' own addresses, to the same target tag, and no more.
-    """
-    rule = _compute("GET", f"global/firewalls/{NAME}-cluster")
-    scopes = _compute("GET", "aggregated/instances")["items"].values()
-    addresses = [i["networkInterfaces"][0]["networkIP"]
-                 for scope in scopes for i in scope.get("instances", []) if i["name"].startswith(f"{NAME}-")]
-    _drop_members_rule()  # an interrupted earlier run's
-    _compute("POST", "global/firewalls", {
-        "name": MEMBERS_RULE, "network": rule["network"], "direction": "INGRESS",
-        "sourceRanges": [f"{a}/32" for a in addresses], "targetTags": rule["targetTags"],
-        "allowed": rule["allowed"]})
-
-
-def _drop_members_rule() -> None:
-    if any(f["name"] == MEMBERS_RULE for f in _compute("GET", "global/firewalls").get("items", [])):
-        _compute("DELETE", f"global/firewalls/{MEMBERS_RULE}")
-
-
 def _instances() -> list[str]:
     listed = _ansible("all", "--list-hosts", tool="ansible", timeout=120).stdout
     return [line.strip() for line in listed.splitlines()[1:] if line.strip().startswith(NAME)]
@@ -114,38 +80,57 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     service.ensure_running()
     try:
         _ansible("playbooks/provision.yml", *CLUSTER)
-        _members_by_address()
         yield tmp_path_factory.mktemp("cluster")
     finally:
-        _drop_members_rule()
         if _instances():  # a test failed before the teardown test ran
             _ansible("playbooks/teardown.yml", *CLUSTER, "-e", "forja_teardown_delete=true")
         if not was_running:
             service.stop_service()
 
 
+def _forja(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The user's command on the machine's sandbox, run in the project folder, with a history of the
+    test's own (FORJA_HOME beside the project, not sent with it)."""
+    proc = subprocess.run([FORJA, "-i", str(INVENTORY), "--no-host-key-checking", *args],
+                          cwd=folder / "project", capture_output=True, text=True, timeout=300, check=False,
+                          env=_forja_env(folder))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def _forja_env(folder: Path) -> dict[str, str]:
+    env = dict(os.environ, FORJA_HOME=str(folder / "home"), FORJA_FOLLOW_WINDOW_S="60", ANSIBLE_NOCOLOR="1")
+    env.pop("FORJA_INVENTORY", None)
+    return env
+
+
 @pytest.fixture(scope="module")
-def trained(cluster: Path) -> tuple[Path, subprocess.CompletedProcess[str], dict, dict]:
-    """train.yml on the cluster's group; node 1's run SIGKILLed once node 0 has checkpoints (step 250)."""
+def trained(cluster: Path) -> tuple[Path, dict, dict, dict]:
+    """`forja train --cluster` on the cluster; node 1's run SIGKILLed once node 0 has checkpoints (step
+    250). Returns node 0's fetched results, forja's result, both nodes' states, and what `forja runs`,
+    `forja cost --run`, `forja status` and the history while training said."""
     config = cluster / f"{RUN}.yaml"
     config.write_text(yaml.safe_dump({
         "model": "trainer.demo:digits_cnn", "model_args": {"width": 8, "hidden": 32},
         "data": "trainer.demo:digits", "steps": STEPS, "batch_size": 16, "lr": 0.002, "log_every_steps": 20,
         "checkpoint_every_steps": 100, "checkpoint_every_s": 0,
     }))
-    fetched = cluster / "results"
-    argv = [str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(INVENTORY),
-            "playbooks/train.yml", *CLUSTER, "-e", f"trainer_run_config={config}",
-            "-e", f"trainer_run_fetch_dir={fetched}",
-            "-e", f"trainer_run_max_restarts={MAX_RESTARTS}", "-e", "forja_history_record=false",
-            "-e", '{"trainer_run_env": {"OMP_NUM_THREADS": "1"}}',  # one core per node, as 1 GPU each
-            "-e", "trainer_run_checkpoint_bucket="]  # node 0's own disk: RANK 0 stays there
-    play = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=dict(os.environ, ANSIBLE_NOCOLOR="1"))
+    argv = [FORJA, "-i", str(INVENTORY), "--no-host-key-checking", "--json",
+            "-e", f"trainer_run_max_restarts={MAX_RESTARTS}",
+            "-e", 'trainer_run_env={"OMP_NUM_THREADS": "1"}',  # one core per node, as 1 GPU each
+            "-e", "trainer_run_checkpoint_bucket=",  # node 0's own disk: RANK 0 stays there
+            "train", str(config), "--cluster", NAME, "--name", RUN]
+    project = cluster / "project"  # the command's folder, sent with the trainer
+    project.mkdir()
+    (project / "README.md").write_text("digits on two nodes\n")
+    with (cluster / "train.out").open("w") as stdout, (cluster / "train.err").open("w") as stderr:
+        sent = subprocess.Popen(argv, cwd=project, stdout=stdout, stderr=stderr, text=True,
+                                env=_forja_env(cluster))
+    seen: dict = {}
     try:
         deadline = time.monotonic() + 600
         while True:
-            assert play.poll() is None, play.communicate()[0][-6000:]
+            assert sent.poll() is None, (cluster / "train.err").read_text()[-6000:]
             assert time.monotonic() < deadline, "node 0 never got past step 250"
             time.sleep(5)
             try:
@@ -153,18 +138,25 @@ def trained(cluster: Path) -> tuple[Path, subprocess.CompletedProcess[str], dict
             except (AssertionError, ValueError, IndexError):
                 continue  # the unit is not there yet
             if step >= 250:
+                # what forja's history holds while it follows rank 0: the run, its members, its progress
+                (seen,) = json.loads(_forja(cluster, "--json", "runs").stdout)
                 break
         assert step < STEPS, "the run ended before node 1 could be lost"
         # Every process of node 1's run at once (systemctl kill cannot signal a cgroup inside nspawn).
         _on(f"{NAME}-1", "sh -c \"kill -KILL $(ps -e -o pid=,unit= | awk '$2 == \\\"forja-train@" + RUN
             + ".service\\\" { print $1 }')\"")
-        out, _ = play.communicate(timeout=900)
+        sent.wait(timeout=900)
     finally:
-        if play.poll() is None:
-            play.kill()
-    assert play.returncode == 0, out[-6000:]
-    return fetched / f"{NAME}-0", subprocess.CompletedProcess(argv, 0, out, ""), \
-        _state(f"{NAME}-0"), _state(f"{NAME}-1")
+        if sent.poll() is None:
+            sent.kill()
+    assert sent.returncode == 0, (cluster / "train.err").read_text()[-6000:]
+    said = {
+        "train": json.loads((cluster / "train.out").read_text()), "while": seen,
+        "runs": json.loads(_forja(cluster, "--json", "runs").stdout),
+        "cost": json.loads(_forja(cluster, "--json", "cost", "--run", RUN).stdout),
+        "status": json.loads(_forja(cluster, "--json", "status", RUN, "--cluster", NAME).stdout),
+    }
+    return project / "forja-runs" / RUN / f"{NAME}-0", said, _state(f"{NAME}-0"), _state(f"{NAME}-1")
 
 
 def test_node_1_was_lost_and_came_back_through_systemd(trained) -> None:
@@ -184,7 +176,7 @@ def test_node_0s_elastic_agent_restarted_within_its_budget(trained) -> None:
 
 
 def test_training_resumed_from_a_checkpoint_and_completed_on_both_nodes(trained) -> None:
-    results, play, _, _ = trained
+    results, _, _, _ = trained
     events = [json.loads(line) for line in (results / "events.jsonl").read_text().splitlines()]
     resumed = [e for e in events if e["event"] == "resume"]
     assert len(resumed) == 1 and resumed[0]["resumed_from_step"] >= 200, resumed
@@ -192,9 +184,41 @@ def test_training_resumed_from_a_checkpoint_and_completed_on_both_nodes(trained)
     summary = json.loads((results / "summary.json").read_text())
     assert (summary["status"], summary["steps"], summary["world_size"]) == ("completed", STEPS, 2), summary
     assert summary["resumed_from_step"] == resumed[0]["resumed_from_step"] and summary["accuracy"] >= 0.85
-    # the play followed node 0 alone and fetched from it alone
-    assert f"Run {RUN} completed on {NAME}-0 (rank 0)" in play.stdout
+
+
+def test_forja_followed_rank_0_to_the_end_and_fetched_its_results_alone(trained) -> None:
+    results, said, _, _ = trained
+    done = said["train"]
+    assert (done["run_id"], done["status"], done["detached"]) == (RUN, "completed", None), done
+    assert done["hosts"] == MEMBERS
+    assert (done["summary"]["steps"], done["artifact_dir"]) == (STEPS, str(results))
     assert not (results.parent / f"{NAME}-1").exists()
+
+
+def test_the_history_records_every_member_and_rank_0s_progress(trained) -> None:
+    _, said, _, _ = trained
+    while_training = said["while"]  # read once node 0 was past step 250, forja following it
+    assert (while_training["run_id"], while_training["status"]) == (RUN, "running"), while_training
+    assert while_training["hosts"] == MEMBERS and while_training["steps"] >= 20
+    (ended,) = said["runs"]
+    assert (ended["status"], ended["steps"], ended["hosts"]) == ("completed", STEPS, MEMBERS), ended
+
+
+def test_forja_cost_run_prices_every_member(trained) -> None:
+    _, said, _, _ = trained
+    cost = said["cost"]
+    assert cost["vm_count"] == 2 and cost["rate_source"].startswith("2 × g2-standard-8"), cost
+    assert cost["usd_per_hour"] > 0 and cost["parts"], cost
+
+
+def test_forja_status_shows_each_member_with_its_rank_and_elastic_restarts(trained) -> None:
+    _, said, _, _ = trained
+    rows = {row["host"]: row for row in said["status"]}
+    assert sorted(rows) == MEMBERS
+    node0, node1 = rows[f"{NAME}-0"], rows[f"{NAME}-1"]
+    assert (node0["node_rank"], node0["nnodes"], node1["node_rank"], node1["nnodes"]) == (0, 2, 1, 2)
+    assert 1 <= node0["elastic_restarts"] <= MAX_RESTARTS, node0  # its agent restarted the workers
+    assert isinstance(node1["elastic_restarts"], int) and node1["restarts"] >= 1, node1
 
 
 def test_teardown_removes_both_vms(trained) -> None:

@@ -1088,7 +1088,7 @@ class Forja:
         """
         from forja import inventory
         from forja.cost.budget import Budget, check_project, check_units
-        from forja.cost.cluster import cluster_lines, groups
+        from forja.cost.cluster import cluster_lines, unit_lines
         from forja.cost.prices import PriceError, load_prices
         from forja.cost.spend import cost_report, parse_time
 
@@ -1113,9 +1113,8 @@ class Forja:
         checks: list[Any] = [None] * len(lines)
         project = None
         if budget is not None and scope == "instance":  # a cluster's members: one check of them all
-            line_of = {id(r): line for r, line in zip(raw, lines, strict=True)}  # cost_report keeps order
-            units = [[line_of[id(r)] for r in members] for _, members in groups(raw)]
-            found = check_units(budget, units)
+            # cost_report keeps the records' order, so unit_lines pairs each record with its line
+            found = check_units(budget, [unit for _, unit in unit_lines(raw, lines)])
             checks = [found[line.name] for line in lines]
         elif budget is not None:
             project = check_project(budget, lines)
@@ -1188,8 +1187,8 @@ class Forja:
         from forja import inventory
         from forja.cost.cluster import fleet_rate
         from forja.cost.estimate import estimate
-        from forja.cost.prices import PriceError, load_prices, region_of
-        from forja.cost.spend import Instance
+        from forja.cost.prices import PriceError, load_prices
+        from forja.cost.spend import Instance, disk_month_usd
 
         path = Path(config).expanduser()
         if not path.is_file():
@@ -1205,8 +1204,7 @@ class Forja:
             table = load_prices(Path(prices) if prices else None)
             vms = [Instance.from_mapping(i) for i in found]
             rate = fleet_rate(vms, table)
-            disk = sum(table.disk_price(d.type, region_of(vm.zone)).usd_per_gb_month * d.size_gb
-                       for vm in vms for d in vm.disks)
+            disk = disk_month_usd(vms, table)
         except (PriceError, ValueError) as exc:
             raise errors.ConfigError("instances/prices", str(exc)) from exc
         return estimate(path, self.history, rate.usd_per_hour, rate.what,

@@ -103,18 +103,24 @@ class ClusterLine:
         return {**dataclasses.asdict(self), "count": self.count}
 
 
+def unit_lines(
+    records: Sequence[Mapping[str, Any]], lines: Sequence[CostLine]
+) -> list[tuple[str | None, list[CostLine]]]:
+    """`groups(records)` with each record's cost line in its place (`lines[i]` is `records[i]`'s)."""
+    line_of = {id(r): line for r, line in zip(records, lines, strict=True)}
+    return [(name, [line_of[id(r)] for r in members]) for name, members in groups(records)]
+
+
 def cluster_lines(records: Sequence[Mapping[str, Any]], lines: Sequence[CostLine]) -> list[ClusterLine]:
     """One line per cluster among `records`, from their cost lines (`lines[i]` is `records[i]`'s).
 
     The rate is every member's rate added (what the cluster costs per hour while up), `running` how
     many of them are up now; the month is every member left running.
     """
-    line_of = {id(r): line for r, line in zip(records, lines, strict=True)}
     out = []
-    for name, members in groups(records):
+    for name, mine in unit_lines(records, lines):
         if name is None:
             continue
-        mine = [line_of[id(r)] for r in members]
         totals = [line.total_usd for line in mine]
         disks = [line.disk_usd_per_month for line in mine]
         out.append(ClusterLine(

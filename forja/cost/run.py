@@ -31,8 +31,8 @@ from typing import Any
 import yaml
 
 from forja.cost.cluster import fleet_rate
-from forja.cost.prices import PriceTable, region_of
-from forja.cost.spend import Instance, parse_time
+from forja.cost.prices import PriceTable
+from forja.cost.spend import Instance, disk_month_usd, parse_time
 from forja.history import RunEvent, RunRecord
 
 #: History events after which the VM came back for the run (forja/managed.py records them).
@@ -239,9 +239,7 @@ def run_cost(
     per_s = usd_per_hour / 3600.0
     disk_usd = None
     if any(vm.disks for vm in vms):
-        month = sum(prices.disk_price(d.type, region_of(vm.zone)).usd_per_gb_month * d.size_gb
-                    for vm in vms for d in vm.disks)
-        disk_usd = month * (span / 3600.0) / prices.hours_per_month
+        disk_usd = disk_month_usd(vms, prices) * (span / 3600.0) / prices.hours_per_month
 
     seconds = split(record, history, files, up)
     parts = tuple(Part(name, s, None if s is None else s * per_s) for name, s in seconds.items())

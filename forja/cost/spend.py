@@ -217,11 +217,16 @@ def rate_of(machine_type: str, zone: str, prices: PriceTable, spot: bool = False
                                                "zone": zone, "preemptible": spot}), prices)
 
 
+def disk_month_usd(instances: Iterable[Instance], prices: PriceTable) -> float:
+    """USD a month for the instances' disks (billed per GB-month, running or not)."""
+    return sum(prices.disk_price(d.type, region_of(vm.zone)).usd_per_gb_month * d.size_gb
+               for vm in instances for d in vm.disks)
+
+
 def cost_of(instance: Instance, prices: PriceTable, now: datetime) -> CostLine:
     """Rate, uptime since the last start, spend, the 'left running' month and the disk's cost."""
     rate = machine_rate(instance, prices)
-    region = region_of(instance.zone)
-    disk_month = sum(prices.disk_price(d.type, region).usd_per_gb_month * d.size_gb for d in instance.disks)
+    disk_month = disk_month_usd([instance], prices)
     disks_known = bool(instance.disks)
     current = instance.current_interval()
     uptime = current.seconds(now) if current is not None and instance.running else 0.0

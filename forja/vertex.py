@@ -46,6 +46,7 @@ import yaml
 
 from forja import errors, module_utils
 from forja import events as ev
+from forja.cost.spend import parse_time  # RFC 3339, any fraction (Logging writes nine digits)
 
 if TYPE_CHECKING:
     from forja.api import TrainResult
@@ -382,20 +383,6 @@ def find(run_id: str, options: VertexOptions) -> dict[str, Any]:
     return dict(found[-1])
 
 
-def parse_timestamp(value: str) -> datetime:
-    """An RFC 3339 timestamp as Logging writes it (up to nine fraction digits, ``Z`` or an offset)."""
-    head, _, frac = value.rstrip("Zz").partition(".")
-    zone = "+00:00"
-    for sign in "+-":
-        if sign in frac:
-            frac, _, offset = frac.partition(sign)
-            zone = sign + offset
-    if not frac and len(head) > 19:  # no fraction, an offset after the seconds
-        head, zone = head[:19], head[19:]
-    stamp = datetime.fromisoformat(head + zone).astimezone(timezone.utc)
-    return stamp + timedelta(microseconds=int(frac[:6].ljust(6, "0")) if frac else 0)
-
-
 def format_timestamp(stamp: datetime) -> str:
     return stamp.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -419,7 +406,7 @@ class LogTail:
         )
         fresh = [e for e in self.logs.entries(self.job_id, bound) if e.get("insertId") not in self.said]
         for entry in fresh:
-            self.said[entry.get("insertId", "")] = parse_timestamp(entry["timestamp"])
+            self.said[entry.get("insertId", "")] = parse_time(entry["timestamp"])
         if fresh:
             oldest_kept = max(self.said.values()) - timedelta(seconds=self.lookback_s)
             self.said = {k: t for k, t in self.said.items() if t >= oldest_kept}

@@ -51,6 +51,12 @@ def instance_network(instance: Json) -> str:
     return _last_segment(nics[0].get("network")) or "default"
 
 
+def tags_and_accounts(instance: Json) -> tuple[set[str], set[str]]:
+    """An instance's network tags and service-account emails: what rules target and take traffic from."""
+    tags = set((instance.get("tags") or {}).get("items") or [])
+    return tags, {str(sa.get("email")) for sa in instance.get("serviceAccounts") or []}
+
+
 def applies_to(rule: Json, instance: Json) -> bool:
     """Whether an enabled ingress rule of the instance's network targets this instance."""
     if rule.get("disabled") or (rule.get("direction") or "INGRESS") != "INGRESS":
@@ -61,8 +67,7 @@ def applies_to(rule: Json, instance: Json) -> bool:
     target_accounts = set(rule.get("targetServiceAccounts") or [])
     if not target_tags and not target_accounts:
         return True
-    tags = set((instance.get("tags") or {}).get("items") or [])
-    accounts = {str(sa.get("email")) for sa in instance.get("serviceAccounts") or []}
+    tags, accounts = tags_and_accounts(instance)
     return bool(target_tags & tags or target_accounts & accounts)
 
 
@@ -129,8 +134,7 @@ def source_addresses(rule: Json, peers: Iterable[Json]) -> list[str]:
         address = ((peer.get("networkInterfaces") or [{}])[0]).get("networkIP")
         if not address or instance_network(peer) != network:
             continue
-        peer_tags = set((peer.get("tags") or {}).get("items") or [])
-        peer_accounts = {str(sa.get("email")) for sa in peer.get("serviceAccounts") or []}
+        peer_tags, peer_accounts = tags_and_accounts(peer)
         if tags & peer_tags or accounts & peer_accounts:
             found.append(f"{address}/32")
     return found

@@ -144,5 +144,9 @@ def env_action(entry: dict, run_command: RunCommand) -> dict:
         base = probe_base(run_command, params["base_python"], params["pin"])
     except TorchLayerError as exc:
         return {"path": params["path"], "action": "check", "reason": str(exc)}
-    action = plan(read_record(params["path"]), inputs_hash(base, params, requirements), params["mutable"])
-    return {"path": params["path"], "action": action, "reason": ACTION_REASONS[action]}
+    wanted = inputs_hash(base, params, requirements)
+    action = plan(read_record(params["path"]), wanted, params["mutable"])
+    # python and inputs_hash as forja_torch_env returns them, so a role that skips it for an
+    # environment found up to date reads the same keys from this answer.
+    return {"path": params["path"], "action": action, "reason": ACTION_REASONS[action],
+            "python": os.path.join(params["path"], "bin", "python"), "inputs_hash": wanted}

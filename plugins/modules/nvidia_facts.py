@@ -9,17 +9,15 @@ keeps each parser a small pure function that unit tests feed with captured real 
 
 from __future__ import annotations
 
-import csv
 import glob
 import hashlib
-import io
 import json
 import os
 import re
-import xml.etree.ElementTree as ET
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.forja.gpu.plugins.module_utils.forja_host_state import state_option
+from ansible_collections.forja.gpu.plugins.module_utils.forja_nvidia import pci_gpus, run_smi
 
 DOCUMENTATION = r"""
 ---
@@ -219,10 +217,6 @@ state:
 """
 
 
-SMI_FIELDS = ("index", "name", "driver_version", "persistence_mode", "memory.total", "pci.bus_id", "uuid")
-NVIDIA_VENDOR = "0x10de"
-# PCI class 0x03xxxx = display controller (VGA 0x0300, 3D 0x0302); datacenter GPUs report 0x0302.
-DISPLAY_CLASS_PREFIX = "0x03"
 NVML_NAME = re.compile(r"libnvidia-ml\.so\.(\d+\.\d+(?:\.\d+)?)$")
 PROC_VERSION = re.compile(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)\s")
 APT_ACTION = re.compile(r"^(Inst|Remv|Purg) (\S+)(?: \[([^\]]+)\])?(?: \((\S+))?")
@@ -231,44 +225,6 @@ APT_ACTION = re.compile(r"^(Inst|Remv|Purg) (\S+)(?: \[([^\]]+)\])?(?: \((\S+))?
 APT_INPUTS = ("/var/lib/dpkg/status", "/var/lib/apt/extended_states", "/var/lib/apt/lists", "/etc/apt")
 SIMULATION_CACHE_VERSION = 1
 LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib")
-
-
-def parse_smi_csv(text: str, fields: tuple[str, ...] = SMI_FIELDS) -> list[dict]:
-    """Rows of `nvidia-smi --query-gpu=FIELDS --format=csv,noheader,nounits` as dicts.
-
-    Keys use underscores; numbers become ints; "[N/A]" and "[Not Supported]" become None so
-    callers never compare against a placeholder string.
-    """
-    rows = []
-    for values in csv.reader(io.StringIO(text), skipinitialspace=True):
-        if not values or not "".join(values).strip():
-            continue
-        if len(values) != len(fields):
-            raise ValueError(f"expected {len(fields)} CSV fields ({','.join(fields)}), "
-                             f"got {len(values)}: {values}")
-        row: dict = {}
-        for field, raw in zip(fields, values, strict=True):
-            value = raw.strip()
-            key = field.replace(".", "_")
-            if value.startswith("[") and value.endswith("]"):
-                row[key] = None
-            elif value.isdigit():
-                row[key] = int(value)
-            else:
-                row[key] = value
-        if "memory_total" in row:
-            row["memory_total_mib"] = row.pop("memory_total")
-        rows.append(row)
-    return rows
-
-
-def parse_smi_xml(text: str) -> dict:
-    """Driver and CUDA versions from `nvidia-smi -q -x` (the CSV query has no CUDA field)."""
-    root = ET.fromstring(text)
-    return {
-        "driver_version": (root.findtext("driver_version") or "").strip() or None,
-        "cuda_version": (root.findtext("cuda_version") or "").strip() or None,
-    }
 
 
 def parse_proc_version(text: str) -> str | None:
@@ -424,24 +380,6 @@ def parse_dpkg_list(text: str, pattern: str) -> dict:
     return found
 
 
-def pci_gpus(sysfs: str = "/sys") -> list[dict]:
-    """NVIDIA display controllers on the PCI bus, read from sysfs (works before any driver is installed)."""
-    gpus = []
-    for dev in sorted(glob.glob(os.path.join(sysfs, "bus/pci/devices/*"))):
-        try:
-            with open(os.path.join(dev, "vendor")) as fh:
-                vendor = fh.read().strip()
-            with open(os.path.join(dev, "class")) as fh:
-                klass = fh.read().strip()
-            with open(os.path.join(dev, "device")) as fh:
-                device = fh.read().strip()
-        except OSError:
-            continue
-        if vendor == NVIDIA_VENDOR and klass.startswith(DISPLAY_CLASS_PREFIX):
-            gpus.append({"address": os.path.basename(dev), "device_id": device, "class": klass})
-    return gpus
-
-
 def cuda_toolkits(prefix: str = "/usr/local") -> dict:
     """CUDA toolkits by X.Y, from each /usr/local/cuda-X.Y/version.json (present since CUDA 11.1)."""
     found = {}
@@ -479,37 +417,6 @@ def classify_source(driver_version: str | None, driver_package: str | None, dlvm
     if dlvm or not driver_package:
         return "dlvm"
     return "apt"
-
-
-def run_smi(module: AnsibleModule, smi_name: str) -> dict:
-    smi = {"path": None, "ok": False, "rc": None, "error": "", "gpus": [], "driver_version": None,
-           "cuda_version": None}
-    path = smi_name if os.path.isabs(smi_name) else module.get_bin_path(smi_name)
-    if not path or not os.path.exists(path):
-        smi["error"] = f"{smi_name} not found"
-        return smi
-    smi["path"] = path
-    rc, out, err = module.run_command([path, "--query-gpu=" + ",".join(SMI_FIELDS),
-                                       "--format=csv,noheader,nounits"])
-    smi["rc"] = rc
-    if rc != 0:
-        smi["error"] = (err or out).strip()
-        return smi
-    try:
-        smi["gpus"] = parse_smi_csv(out)
-    except ValueError as exc:
-        smi["error"] = str(exc)
-        return smi
-    rc, out, err = module.run_command([path, "-q", "-x"])
-    if rc == 0:
-        try:
-            smi.update(parse_smi_xml(out))
-        except ET.ParseError as exc:
-            smi["error"] = f"nvidia-smi -q -x: {exc}"
-    if not smi["driver_version"] and smi["gpus"]:
-        smi["driver_version"] = smi["gpus"][0].get("driver_version")
-    smi["ok"] = True
-    return smi
 
 
 def main() -> None:

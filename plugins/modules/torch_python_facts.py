@@ -18,6 +18,12 @@ import re
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.forja.gpu.plugins.module_utils.forja_host_state import state_option
+from ansible_collections.forja.gpu.plugins.module_utils.forja_nvidia import pci_gpus, run_smi
+from ansible_collections.forja.gpu.plugins.module_utils.forja_torch_layer import (
+    ARGUMENT_SPEC,
+    env_action,
+    with_defaults,
+)
 
 DOCUMENTATION = r"""
 ---
@@ -81,6 +87,21 @@ options:
       - The options of M(forja.gpu.host_state) (C(packages), C(files), ...), compared in this same call
         and returned as RV(state), so a role that finds its PyTorch and checks what it installs makes
         one remote call, not two. The comparison runs before the probes.
+    type: dict
+  gpus:
+    description:
+      - Also report the host's NVIDIA GPUs as RV(gpus), read as M(forja.gpu.nvidia_facts) reads them (the PCI
+        bus and C(nvidia-smi)), so a role that sizes its processes by the GPUs asks the host once.
+    type: bool
+    default: false
+  env:
+    description:
+      - An environment for M(forja.gpu.forja_torch_env) layered on the interpreter this call finds, compared
+        with its record in this same call (as M(forja.gpu.host_state)'s C(torch_envs) compares one), and
+        returned as RV(env). A role then calls forja_torch_env only when RV(env.action) is not C(none).
+      - Its keys are forja_torch_env's options without C(base_python) and C(pin); the found interpreter is
+        the base and its torch is pinned. When none fits, the base is I(env.fallback_python) and
+        I(env.fallback_packages) (e.g. a torch wheel) are installed too, with nothing pinned.
     type: dict
 attributes:
   check_mode:
@@ -156,6 +177,19 @@ state:
   description:
     - M(forja.gpu.host_state)'s result for I(state) (C(ok), C(differences), C(packages_missing), ...).
   returned: when state is given
+  type: dict
+gpus:
+  description:
+    - With I(gpus), the NVIDIA GPUs on the PCI bus (C(pci_gpus)) and what C(nvidia-smi) says (C(smi),
+      with C(ok), C(error) and C(gpus)), as M(forja.gpu.nvidia_facts) returns them.
+  returned: when gpus
+  type: dict
+env:
+  description:
+    - For I(env), what forja_torch_env would do (C(action) none, create, update, rebuild, or check with the
+      C(reason) it cannot tell), the environment's C(python) and C(inputs_hash) as forja_torch_env returns
+      them, and C(options), the forja_torch_env options to call it with.
+  returned: when env is given
   type: dict
 """
 
@@ -289,6 +323,29 @@ def probe_all(module: AnsibleModule, paths: list[str], spec: str) -> list[dict]:
     return probed
 
 
+def layered_env(module: AnsibleModule, env: dict, found: str | None) -> dict:
+    """The `env` option's environment on the found interpreter (or the fallback), and its action.
+
+    Why here: whether the trainer's environment is up to date depends on the interpreter this call
+    picks, so comparing it in the same call spares the role a forja_torch_env call on every re-run.
+    """
+    fallback = {"fallback_python": "/usr/bin/python3", "fallback_packages": []}
+    unknown = sorted(set(env) - (set(ARGUMENT_SPEC) - {"base_python", "pin"}) - set(fallback))
+    if unknown or not env.get("path"):
+        module.fail_json(msg=f"env: give path and any of forja_torch_env's options other than base_python "
+                             f"and pin, or fallback_python/fallback_packages (unknown: {unknown})")
+    wanted = {**fallback, **env}
+    options = {name: value for name, value in wanted.items() if name not in fallback}
+    options["packages"] = list(options.get("packages") or [])
+    if found:
+        options.update(base_python=found, pin=["torch"])
+    else:
+        options.update(base_python=wanted["fallback_python"], pin=[],
+                       packages=list(wanted["fallback_packages"] or []) + options["packages"])
+    options = with_defaults(options)
+    return {**env_action(options, module.run_command), "options": options}
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
@@ -301,6 +358,8 @@ def main() -> None:
             "probe_cuda": {"type": "bool", "default": False},
             "required": {"type": "bool", "default": False},
             "state": {"type": "dict"},
+            "gpus": {"type": "bool", "default": False},
+            "env": {"type": "dict"},
         },
         supports_check_mode=True,
     )
@@ -326,6 +385,10 @@ def main() -> None:
     }
     if state is not None:
         result["state"] = state
+    if params["gpus"]:
+        result["gpus"] = {"pci_gpus": pci_gpus(), "smi": run_smi(module, "nvidia-smi")}
+    if params["env"] is not None:
+        result["env"] = layered_env(module, params["env"], chosen["path"] if chosen else None)
     if chosen and params["probe_cuda"]:
         rc, out, err = module.run_command([chosen["path"], "-c", CUDA_PROBE],
                                           environ_update={"PYTHONWARNINGS": "ignore"})

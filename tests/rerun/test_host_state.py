@@ -183,3 +183,46 @@ def test_a_layered_environment_is_compared_with_its_record_as_forja_torch_env_wo
     assert result["ok"] is False and len(result["differences"]) == 4
     again = run_module("forja_torch_env", env)  # and forja_torch_env agrees on the one found as built
     assert again.returncode == 0 and '"action": "none"' in again.stdout, again.stdout
+
+
+def test_torch_python_facts_compares_the_environment_it_layers_on_the_interpreter_it_finds(tmp_path):
+    # trainer_run finds its PyTorch and learns whether its environment is current in one call, and calls
+    # forja_torch_env only when it is not: both must agree, and the options it returns are the ones to use.
+    base = getattr(sys, "_base_executable", sys.executable)
+    wanted = {"path": str(tmp_path / "env"), "packages": [], "fallback_python": base,
+              "fallback_packages": []}
+
+    def facts() -> dict:
+        proc = run_module("torch_python_facts", {"candidates": [str(tmp_path / "none")], "only_candidates": True,
+                                                 "env": wanted})
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return json.loads(proc.stdout.split("=>", 1)[1])["env"]
+
+    before = facts()  # no interpreter fits: the fallback is the base, with nothing pinned
+    assert before["action"] == "create" and before["options"]["base_python"] == base
+    assert before["options"]["pin"] == [] and before["python"] == str(tmp_path / "env" / "bin" / "python")
+    built = run_module("forja_torch_env", {k: v for k, v in before["options"].items() if v is not None})
+    assert built.returncode == 0, built.stdout + built.stderr
+    result = json.loads(built.stdout.split("=>", 1)[1])
+    after = facts()
+    assert after["action"] == "none" and after["inputs_hash"] == result["inputs_hash"]
+    assert after["python"] == result["python"]
+    wanted["packages"] = ["forja-some-dist==1.0"]  # a changed input makes it stale again
+    assert facts()["action"] == "rebuild"
+
+
+def test_torch_python_facts_refuses_an_env_option_it_cannot_use_naming_it():
+    proc = run_module("torch_python_facts", {"env": {"path": "/tmp/x", "base_python": "/usr/bin/python3"}})
+    assert proc.returncode != 0 and "env: give path" in proc.stdout and "base_python" in proc.stdout, proc.stdout
+
+
+def test_torch_python_facts_reports_the_gpus_as_nvidia_facts_does():
+    # trainer_run sizes its processes by the GPUs from the same call that finds PyTorch.
+    proc = run_module("torch_python_facts", {"candidates": [sys.executable], "only_candidates": True,
+                                             "gpus": True})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    gpus = json.loads(proc.stdout.split("=>", 1)[1])["gpus"]
+    alone = run_module("nvidia_facts", {"dlvm_markers": []})
+    assert alone.returncode == 0, alone.stdout + alone.stderr
+    stack = json.loads(alone.stdout.split("=>", 1)[1])
+    assert gpus == {"pci_gpus": stack["pci_gpus"], "smi": stack["smi"]}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.forja.gpu.plugins.module_utils.forja_call import Call, ModuleFailure, run_as_module
 from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import (
     AUTH_ARGUMENT_SPEC,
     GcpError,
@@ -219,23 +219,26 @@ def ensure_absent(bucket: Any, params: dict[str, Any], check_mode: bool, call: d
     return True
 
 
-def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "name": {"type": "str", "required": True},
-            "state": {"type": "str", "default": "present", "choices": ["present", "absent"]},
-            "location": {"type": "str"},
-            "checkpoint_prefix": {"type": "str", "default": "checkpoints/"},
-            "checkpoint_retention_days": {"type": "int", "default": 30},
-            "service_account_email": {"type": "str"},
-            "force": {"type": "bool", "default": False},
-            "storage_emulator_host": {"type": "str"},
-            **AUTH_ARGUMENT_SPEC,
-        },
-        mutually_exclusive=[("credentials_file", "credentials_json")],
-        supports_check_mode=True,
-    )
-    params = module.params
+# AnsibleModule's arguments: the module validates with them, and so does its action plugin.
+SPEC: dict[str, Any] = {
+    "argument_spec": {
+        "name": {"type": "str", "required": True},
+        "state": {"type": "str", "default": "present", "choices": ["present", "absent"]},
+        "location": {"type": "str"},
+        "checkpoint_prefix": {"type": "str", "default": "checkpoints/"},
+        "checkpoint_retention_days": {"type": "int", "default": 30},
+        "service_account_email": {"type": "str"},
+        "force": {"type": "bool", "default": False},
+        "storage_emulator_host": {"type": "str"},
+        **AUTH_ARGUMENT_SPEC,
+    },
+    "mutually_exclusive": [("credentials_file", "credentials_json")],
+}
+
+
+def run(call: Call) -> dict[str, Any]:
+    """Keep the bucket as asked; the result, or ModuleFailure naming the problem."""
+    params = call.params
     result: dict[str, Any] = {"changed": False}
     emulator: str | None = None
     before: dict[str, Any] = {}
@@ -246,30 +249,34 @@ def main() -> None:
         project = config.resolved_project()
         if not project:
             raise SpecError("project: not set; set project or FORJA_GCP_PROJECT")
-        call = call_options(float(params["request_timeout"]))
+        request = call_options(float(params["request_timeout"]))
         emulator = emulator_host(params, dict(config.env))
         client = make_client(config, emulator)
-        bucket = lookup(client, params["name"], project, call)
+        bucket = lookup(client, params["name"], project, request)
         if params["state"] == "absent":
-            result["changed"] = ensure_absent(bucket, params, module.check_mode, call)
+            result["changed"] = ensure_absent(bucket, params, call.check_mode, request)
             before, after = (view(bucket, None, params["checkpoint_prefix"]) if bucket else {}), {}
         else:
             before, after = ensure_present(client, bucket, Wanted.from_params(params), params,
-                                           module.check_mode, call)
+                                           call.check_mode, request)
             result.update(changed=before != after, bucket=after, url=f"gs://{params['name']}")
     except SpecError as exc:
-        module.fail_json(msg=str(exc), changed=False)
+        raise ModuleFailure(str(exc), changed=False) from exc
     except GcpError as exc:
-        module.fail_json(msg=exc.message, http_status=exc.status, reason=exc.reason)
+        raise ModuleFailure(exc.message, http_status=exc.status, reason=exc.reason) from exc
     except CLIENT_ERRORS as exc:
         where = f"the emulator at {emulator}" if emulator else "Cloud Storage"
         cause = getattr(exc, "cause", None) or exc  # a RetryError carries the last failure
-        module.fail_json(msg=f"{where}: {type(cause).__name__}: {api_message(cause)}; check "
-                             f"{'storage_emulator_host' if emulator else 'the credentials and the network'}",
-                         changed=False)
-    if module._diff:
+        raise ModuleFailure(f"{where}: {type(cause).__name__}: {api_message(cause)}; check "
+                            f"{'storage_emulator_host' if emulator else 'the credentials and the network'}",
+                            changed=False) from exc
+    if call.diff:
         result["diff"] = {"before": before, "after": after}
-    module.exit_json(**result)
+    return result
+
+
+def main() -> None:
+    run_as_module(SPEC, run)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.forja.gpu.plugins.module_utils.forja_call import Call, ModuleFailure, run_as_module
 from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import (
     AUTH_ARGUMENT_SPEC,
     GcpClient,
@@ -201,24 +201,27 @@ def check_path(client: GcpClient, project: str, params: dict[str, Any],
     return str(decider["name"])
 
 
-def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "name": {"type": "str", "default": "forja-allow-ssh"},
-            "state": {"type": "str", "default": "present", "choices": ["present", "absent"]},
-            "network": {"type": "str", "default": "default"},
-            "source_ranges": {"type": "list", "elements": "str", "default": ["35.235.240.0/20"]},
-            "target_tags": {"type": "list", "elements": "str", "default": ["forja-ssh"]},
-            "priority": {"type": "int", "default": 1000},
-            "admit_source": {"type": "str", "default": ""},
-            "ssh_path": {"type": "str", "default": ""},
-            "cluster_tag": {"type": "str", "default": ""},
-            **AUTH_ARGUMENT_SPEC,
-        },
-        mutually_exclusive=[("credentials_file", "credentials_json")],
-        supports_check_mode=True,
-    )
-    params = module.params
+# AnsibleModule's arguments: the module validates with them, and so does its action plugin.
+SPEC: dict[str, Any] = {
+    "argument_spec": {
+        "name": {"type": "str", "default": "forja-allow-ssh"},
+        "state": {"type": "str", "default": "present", "choices": ["present", "absent"]},
+        "network": {"type": "str", "default": "default"},
+        "source_ranges": {"type": "list", "elements": "str", "default": ["35.235.240.0/20"]},
+        "target_tags": {"type": "list", "elements": "str", "default": ["forja-ssh"]},
+        "priority": {"type": "int", "default": 1000},
+        "admit_source": {"type": "str", "default": ""},
+        "ssh_path": {"type": "str", "default": ""},
+        "cluster_tag": {"type": "str", "default": ""},
+        **AUTH_ARGUMENT_SPEC,
+    },
+    "mutually_exclusive": [("credentials_file", "credentials_json")],
+}
+
+
+def run(call: Call) -> dict[str, Any]:
+    """Keep the rule as asked and check the SSH path; the result, or ModuleFailure naming the problem."""
+    params = call.params
     try:
         if not NAME_RE.match(params["name"]):
             raise SpecError(f"name: '{params['name']}' must be lowercase letters, digits or '-'")
@@ -251,7 +254,7 @@ def main() -> None:
         want = rule_body(params, ranges)
         before, after = rule_view(current), rule_view(want) if params["state"] == "present" else {}
         changed = before != after
-        if changed and not module.check_mode:
+        if changed and not call.check_mode:
             if params["state"] == "absent":
                 op = client.request("DELETE", path)
             elif current:
@@ -261,17 +264,21 @@ def main() -> None:
             client.wait_operation(op or {}, project=project, timeout_s=float(params["operation_timeout"]))
         admitted_by = check_path(client, project, params, want if params["state"] == "present" else None)
     except SpecError as exc:
-        module.fail_json(msg=str(exc), changed=False)
+        raise ModuleFailure(str(exc), changed=False) from exc
     except GcpError as exc:
-        module.fail_json(msg=exc.message, http_status=exc.status, reason=exc.reason)
+        raise ModuleFailure(exc.message, http_status=exc.status, reason=exc.reason) from exc
     result: dict[str, Any] = {"changed": changed}
     if admitted_by:
         result["admitted_by"] = admitted_by
     if params["state"] == "present":
         result["firewall"] = after
-    if module._diff:
+    if call.diff:
         result["diff"] = {"before": before, "after": after}
-    module.exit_json(**result)
+    return result
+
+
+def main() -> None:
+    run_as_module(SPEC, run)
 
 
 if __name__ == "__main__":

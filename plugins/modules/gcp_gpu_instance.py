@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.forja.gpu.plugins.module_utils.forja_call import Call, ModuleFailure, run_as_module
 from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import (
     AUTH_ARGUMENT_SPEC,
     GcpApiError,
@@ -388,12 +388,12 @@ ARGUMENT_SPEC: dict[str, Any] = {
 class InstanceManager:
     """One run of the module: find the VM, then converge it to the asked state."""
 
-    def __init__(self, module: AnsibleModule, client: GcpClient, project: str) -> None:
-        self.module = module
+    def __init__(self, call: Call, client: GcpClient, project: str) -> None:
+        self.call = call
         self.client = client
         self.project = project
-        self.params = module.params
-        self.check = module.check_mode
+        self.params = call.params
+        self.check = call.check_mode
         self.actions: list[str] = []
         self.zones_tried: list[dict[str, Any]] = []
         self.preempted_at: str | None = None
@@ -485,7 +485,7 @@ class InstanceManager:
             self.applied = True
             skipped = [f"{z['zone']} ({z['error']})" for z in self.zones_tried if z["error"]]
             if skipped:
-                self.module.warn(f"created in the fallback zone {zone}: out of stock in {', '.join(skipped)}")
+                self.call.warn(f"created in the fallback zone {zone}: out of stock in {', '.join(skipped)}")
             return zone
         assert last_error is not None
         tried = ", ".join(z["zone"] for z in self.zones_tried)
@@ -562,7 +562,7 @@ class InstanceManager:
             self.actions.append("start")
             self.preempted_at = self.last_preemption(zone, instance)
             if self.preempted_at:
-                self.module.warn(
+                self.call.warn(
                     f"{spec.name} is a Spot VM that Google preempted at {self.preempted_at}; starting it "
                     "again (the training unit resumes from its last checkpoint at boot)"
                 )
@@ -678,7 +678,7 @@ class InstanceManager:
             result["zones_tried"] = self.zones_tried
         if self.preempted_at:
             result["preempted_at"] = self.preempted_at
-        if self.module._diff:
+        if self.call.diff:
             result["diff"] = {
                 "before": before,
                 "after": after,
@@ -688,43 +688,49 @@ class InstanceManager:
         return result
 
 
-def main() -> None:
-    module = AnsibleModule(
-        argument_spec=ARGUMENT_SPEC,
-        mutually_exclusive=[("image", "image_family"), ("credentials_file", "credentials_json")],
-        supports_check_mode=True,
-    )
-    for entry in module.params["ip_preference"]:
+# AnsibleModule's arguments: the module validates with them, and so does its action plugin.
+SPEC: dict[str, Any] = {
+    "argument_spec": ARGUMENT_SPEC,
+    "mutually_exclusive": [("image", "image_family"), ("credentials_file", "credentials_json")],
+}
+
+
+def run(call: Call) -> dict[str, Any]:
+    """Bring the VM (or the cluster's members) to the asked state; the result, or ModuleFailure."""
+    for entry in call.params["ip_preference"]:
         if entry not in ("public_ip", "private_ip"):
-            module.fail_json(msg=f"ip_preference: '{entry}' must be public_ip or private_ip")
+            raise ModuleFailure(f"ip_preference: '{entry}' must be public_ip or private_ip")
     manager: InstanceManager | None = None
     try:
-        config = config_from_params(module.params, "forja-gcp-gpu-instance/0.1")
+        config = config_from_params(call.params, "forja-gcp-gpu-instance/0.1")
         project = config.resolved_project()
         if not project:
-            module.fail_json(msg="project: not set; set project or FORJA_GCP_PROJECT to the GCP project ID")
-        manager = InstanceManager(module, GcpClient(config), project)
-        result = manager.run()
+            raise ModuleFailure("project: not set; set project or FORJA_GCP_PROJECT to the GCP project ID")
+        manager = InstanceManager(call, GcpClient(config), project)
+        return manager.run()
     except (SpecError, MachineSpecError) as exc:
-        module.fail_json(msg=str(exc), changed=False)
+        raise ModuleFailure(str(exc), changed=False) from exc
     except GcpOperationError as exc:
-        module.fail_json(
-            msg=exc.message,
+        raise ModuleFailure(
+            exc.message,
             error_code=exc.code,
             zone=exc.zone,
             zones_tried=manager.zones_tried if manager else [],
             actions=manager.actions if manager else [],
             changed=bool(manager and manager.applied),
-        )
+        ) from exc
     except GcpError as exc:
-        module.fail_json(
-            msg=exc.message,
+        raise ModuleFailure(
+            exc.message,
             http_status=exc.status,
             reason=exc.reason,
             actions=manager.actions if manager else [],
             changed=bool(manager and manager.applied),
-        )
-    module.exit_json(**result)
+        ) from exc
+
+
+def main() -> None:
+    run_as_module(SPEC, run)
 
 
 if __name__ == "__main__":

@@ -203,3 +203,28 @@ def test_a_bucket_these_credentials_may_not_read_is_refused_saying_why(forbiddin
     assert msg.endswith("check storage_emulator_host"), msg
     msg = results["no_key"]["msg"]
     assert results["no_key"]["failed"] and msg.startswith("credentials_file:") and "missing.json" in msg, msg
+
+
+def test_in_process_and_shipped_the_module_answers_alike(
+    emulator: StorageEmulator, client: storage.Client, bucket_name: str, tmp_path
+) -> None:
+    # The action plugin runs the module's run() in Ansible's process; a task with an environment ships
+    # the module instead (plugin_utils/forja_in_process.py). Both must keep the bucket the same way.
+    want = {"name": bucket_name, "location": "us-central1", "service_account_email": VM}
+    shipped = {"environment": {"STORAGE_EMULATOR_HOST": emulator.url}}
+    results = run_module_tasks(tmp_path, env_for(emulator.url), [
+        {MODULE: want, **shipped, "check_mode": True, "diff": True, "register": "plan_shipped"},
+        {MODULE: want, "check_mode": True, "diff": True, "register": "plan_in_process"},
+        {MODULE: want, **shipped, "register": "created_shipped"},
+        {MODULE: want, "register": "again_in_process"},
+        {MODULE: {**want, "checkpoint_retention_days": 7}, "check_mode": True,
+         "register": "shorter_in_process"},
+    ])
+    for key in ("plan_shipped", "plan_in_process"):
+        assert results[key]["changed"] is True and results[key]["diff"]["before"] == {}, results[key]
+    assert results["plan_shipped"]["diff"] == results["plan_in_process"]["diff"]
+    assert results["created_shipped"]["changed"] is True, results["created_shipped"]
+    assert results["again_in_process"]["changed"] is False, results["again_in_process"]
+    assert results["again_in_process"]["bucket"] == results["created_shipped"]["bucket"]
+    assert results["shorter_in_process"]["changed"] is True
+    assert [dict(r) for r in client.get_bucket(bucket_name).lifecycle_rules] == [RULE]  # check mode kept it

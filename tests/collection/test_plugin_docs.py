@@ -25,8 +25,9 @@ PLUGINS = REPO / "plugins"
 # ansible-doc's type for each plugins/ folder that holds plugins a user calls by name.
 KINDS = {"modules": "module", "inventory": "inventory", "filter": "filter", "strategy": "strategy",
          "callback": "callback", "vars": "vars"}
-# Folders that hold code or docs shared by the plugins, not plugins of their own.
-SHARED = {"module_utils", "doc_fragments"}
+# Folders that hold code or docs shared by the plugins, not plugins of their own; an action plugin is
+# the controller side of the module of the same name, which documents it.
+SHARED = {"module_utils", "doc_fragments", "plugin_utils", "action"}
 
 
 def _filter_names(path: Path) -> list[str]:
@@ -61,6 +62,11 @@ def ansible_doc(*args: str) -> str:
 def test_every_plugin_folder_is_a_kind_ansible_doc_knows():
     folders = {p.name for p in PLUGINS.iterdir() if p.is_dir() and p.name != "__pycache__"}
     assert folders - SHARED <= set(KINDS), folders - SHARED - set(KINDS)
+
+
+def test_every_action_plugin_is_documented_by_its_module():
+    actions = {p.stem for p in (PLUGINS / "action").glob("*.py") if not p.name.startswith("_")}
+    assert actions and actions <= {p.stem for p in (PLUGINS / "modules").glob("*.py")}, actions
 
 
 def test_the_tree_holds_the_plugins_the_roles_use():

@@ -193,8 +193,8 @@ def test_torch_python_facts_compares_the_environment_it_layers_on_the_interprete
               "fallback_packages": []}
 
     def facts() -> dict:
-        proc = run_module("torch_python_facts", {"candidates": [str(tmp_path / "none")], "only_candidates": True,
-                                                 "env": wanted})
+        proc = run_module("torch_python_facts", {"candidates": [str(tmp_path / "none")],
+                                                 "only_candidates": True, "env": wanted})
         assert proc.returncode == 0, proc.stdout + proc.stderr
         return json.loads(proc.stdout.split("=>", 1)[1])["env"]
 
@@ -213,7 +213,8 @@ def test_torch_python_facts_compares_the_environment_it_layers_on_the_interprete
 
 def test_torch_python_facts_refuses_an_env_option_it_cannot_use_naming_it():
     proc = run_module("torch_python_facts", {"env": {"path": "/tmp/x", "base_python": "/usr/bin/python3"}})
-    assert proc.returncode != 0 and "env: give path" in proc.stdout and "base_python" in proc.stdout, proc.stdout
+    assert proc.returncode != 0, proc.stdout
+    assert "env: give path" in proc.stdout and "base_python" in proc.stdout, proc.stdout
 
 
 def test_torch_python_facts_reports_the_gpus_as_nvidia_facts_does():

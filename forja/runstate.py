@@ -46,7 +46,11 @@ def final_statuses() -> frozenset[str]:
 
 
 class RunState(BaseModel):
-    """One run on one host: the unit's state, its newest metrics line, its summary once written."""
+    """One run on one host: the unit's state, its newest metrics line, its summary once written.
+
+    Keys it does not name are ignored, not refused: a document from a newer reader still parses, and
+    `results` (forja-train-state --results, the file listing the role's fetch.yml uses) is the role's.
+    """
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 

@@ -2,9 +2,10 @@
 
 ansible's fetch module already skips a file whose copy is the same, but it asks the host for each
 file's checksum in a call of its own (0.1-0.2 s each): a run with two dozen results cost 2-3 s on
-every re-run of site.yml. find reports every checksum in one call; this filter compares them with
-the controller's copies (SHA-1, as fetch does), so a clean re-run fetches nothing and a deleted or
-changed local copy is fetched again.
+every re-run of site.yml. forja-train-state --results lists every result with its checksum (in the
+wait's last poll, or in one call of fetch.yml's own); this filter compares them with the controller's
+copies (SHA-1, as fetch does), so a clean re-run fetches nothing and a deleted or changed local copy
+is fetched again.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ def _sha1(path: str) -> str | None:
 
 
 def fetch_needed(files: list[dict[str, Any]], root: str, dest: str) -> list[str]:
-    """The paths of find's `files` whose copy under `dest` (same path below `root`) is missing or differs."""
+    """The paths of `files` ({path, checksum} each) whose copy under `dest` (same path below `root`) is
+    missing or differs."""
     needed = []
     for entry in files:
         path = entry["path"]

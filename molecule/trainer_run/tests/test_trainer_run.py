@@ -7,6 +7,7 @@ project's requirements.txt went into an environment of its own on both.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -243,22 +244,36 @@ WRITE_TASKS = (
 )
 
 
-def converge_again() -> dict[str, str]:
-    """converge.yml once more on both hosts; returns each trainer_run task's output, by task name."""
+def play(playbook: Path, *args: str) -> dict[str, str]:
+    """ansible-playbook on the scenario's hosts; returns each trainer_run task's output, by task name."""
     repo = Path(os.environ["MOLECULE_PROJECT_DIRECTORY"])
     eph = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"])
     inventory = os.environ.get("MOLECULE_INVENTORY_FILE") or str(eph / "inventory" / "ansible_inventory.yml")
     run = subprocess.run(
-        [str(Path(sys.executable).with_name("ansible-playbook")), "-i", inventory,
-         str(Path(os.environ["MOLECULE_SCENARIO_DIRECTORY"]) / "converge.yml")],
+        [str(Path(sys.executable).with_name("ansible-playbook")), "-i", inventory, str(playbook), *args],
         cwd=repo, capture_output=True, text=True, timeout=900, check=False,
         env={**os.environ, "ANSIBLE_CONFIG": str(repo / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
              "ANSIBLE_FORCE_COLOR": "0"})  # molecule forces colour for its own runs
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     out = re.sub(r"\x1b\[[0-9;]*m", "", run.stdout)
     blocks = re.split(r"^TASK \[forja\.gpu\.trainer_run : (.+?)\] \**$", out, flags=re.M)
-    assert len(blocks) > 20, out[-4000:]
     return {blocks[i]: blocks[i + 1] for i in range(1, len(blocks) - 1, 2)}
+
+
+def converge_again() -> dict[str, str]:
+    """converge.yml once more on both hosts; returns each trainer_run task's output, by task name."""
+    tasks = play(Path(os.environ["MOLECULE_SCENARIO_DIRECTORY"]) / "converge.yml")
+    assert len(tasks) > 10, list(tasks)
+    return tasks
+
+
+def fetched_now(text: str) -> set[str]:
+    """The results a fetch task's output says it copied (its loop labels are paths below the run)."""
+    return set(re.findall(r"^changed: \[th3\] => \(item=(.+?)\)$", text, re.M))
+
+
+def host_sha1(host, path: str) -> str:
+    return host.check_output(f"sudo sha1sum {path}").split()[0]
 
 
 def test_drift_is_repaired_by_the_task_that_owns_it_and_a_clean_rerun_writes_nothing(host) -> None:
@@ -275,6 +290,7 @@ def test_drift_is_repaired_by_the_task_that_owns_it_and_a_clean_rerun_writes_not
         "sudo chmod 0755 /etc/forja/train",
         f"sudo systemctl disable {UNIT}"]))
     (RESULTS / "th3" / "summary.json").unlink()
+    (RESULTS / "th3" / "metrics.jsonl").write_text("{}\n")  # a local copy someone changed
 
     tasks = converge_again()
     changed = {task for task, text in tasks.items() if re.search(r"^changed: \[th3", text, re.M)}
@@ -289,8 +305,44 @@ def test_drift_is_repaired_by_the_task_that_owns_it_and_a_clean_rerun_writes_not
     assert host.service(UNIT).is_enabled
     assert host.check_output(f"sudo stat -c %Y {OUT}/COMPLETED") == stamp, "a completed run never restarts"
     assert json.loads((RESULTS / "th3" / "summary.json").read_text())["status"] == "completed"
+    # exactly the two results whose local copy was gone or changed came back, as on the host
+    assert fetched_now(tasks["Fetch the results to the controller"]) == {"summary.json", "metrics.jsonl"}
+    assert hashlib.sha1((RESULTS / "th3" / "metrics.jsonl").read_bytes()).hexdigest() == host_sha1(
+        host, f"{OUT}/metrics.jsonl")
 
     clean = converge_again()
     wrote = {task: text for task, text in clean.items()
              if task in WRITE_TASKS and re.search(r"^(ok|changed): ", text, re.M)}
     assert wrote == {}, f"a re-run of converged hosts ran write tasks: {list(wrote)}"
+    # the wait's last poll listed the results: the fetch asked the host nothing more (no find, no listing)
+    assert re.search(r"^skipping: \[th3\]", clean["List the run's results with their checksums"], re.M)
+    assert "Find the run's results" not in clean
+
+
+def test_fetching_alone_lists_the_results_in_one_call_and_fetches_only_what_the_controller_lacks(
+    host, tmp_path
+) -> None:
+    """playbooks/train_fetch.yml (forja fetch): no wait before it, so it lists the results itself."""
+    if name(host) != "th3":
+        return
+    repo = Path(os.environ["MOLECULE_PROJECT_DIRECTORY"])
+    args = ("-e", f"forja_hosts=th3 trainer_run_name={RUN} trainer_run_fetch_dir={tmp_path}")
+    folder = tmp_path / "th3"
+
+    first = play(repo / "playbooks" / "train_fetch.yml", *args)
+    assert re.search(r"^ok: \[th3\]", first["List the run's results with their checksums"], re.M)
+    got = fetched_now(first["Fetch the results to the controller"])
+    assert {"summary.json", "metrics.jsonl", "model/model.json", "model/model.safetensors"} <= got, got
+    assert not [path for path in got if path.startswith("checkpoints/") or ".tmp" in path], got
+    assert got == {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()}
+
+    again = play(repo / "playbooks" / "train_fetch.yml", *args)
+    assert fetched_now(again["Fetch the results to the controller"]) == set()
+    assert re.search(r"^skipping: \[th3\]", again["Fetch the results to the controller"], re.M)
+
+    (folder / "model" / "model.json").unlink()
+    (folder / "summary.json").write_text("{}")
+    repaired = play(repo / "playbooks" / "train_fetch.yml", *args)["Fetch the results to the controller"]
+    assert fetched_now(repaired) == {"model/model.json", "summary.json"}
+    local = hashlib.sha1((folder / "summary.json").read_bytes()).hexdigest()
+    assert local == host_sha1(host, f"{OUT}/summary.json")

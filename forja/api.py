@@ -644,8 +644,10 @@ class Forja:
                 if left <= 0:
                     return self._detached(name, "timeout", states, last)
                 window = max(1, min(window, math.ceil(left)))
+            # trainer_run_fetch false: fetch() lists the results itself; the wait need not hash them.
             extravars = {"trainer_run_name": name, "trainer_run_wait_timeout_s": window,
-                         "trainer_run_poll_s": poll, **self._cluster_hosts(rank0=True)}
+                         "trainer_run_poll_s": poll, "trainer_run_fetch": False,
+                         **self._cluster_hosts(rank0=True)}
             try:
                 last = self._run("train_wait.yml", extravars, on_event=both, cancel=cancel, check=False)
             except KeyboardInterrupt:

@@ -28,12 +28,16 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypeVar
-
-import ansible_runner
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from forja import errors
-from forja import events as ev
+
+if TYPE_CHECKING:
+    from forja import events as ev
+
+# ansible_runner and forja.events are imported where a play runs, not here: forja.host_contract reads
+# REPO_ROOT and forja.history forja_home from this module in processes that run no play (the train
+# playbook's `python -m forja.history record`), and those two imports were most of their start-up.
 
 log = logging.getLogger(__name__)
 logging.getLogger("ansible-runner").addHandler(logging.NullHandler())
@@ -160,6 +164,8 @@ class _Collector:
         self.lock = threading.Lock()
 
     def __call__(self, raw: dict[str, Any]) -> bool:
+        from forja import events as ev
+
         for event in ev.from_runner(raw):
             with self.lock:
                 self.events.append(event)
@@ -175,6 +181,8 @@ class _Collector:
 
 
 def _result(request: PlaybookRun, runner: Any, collector: _Collector, started: float) -> RunResult:
+    from forja import events as ev
+
     stats: dict[str, HostStats] = {}
     raw = collector.stats
     hosts = set().union(*(raw.get(k, {}).keys() for k in raw)) if raw else set()
@@ -299,6 +307,8 @@ def run(
 
         def cancel_cb() -> bool:
             return False
+
+    import ansible_runner
 
     started = time.monotonic()
     with _ExtravarsFile(request.extravars) as vars_file:

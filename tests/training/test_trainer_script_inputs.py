@@ -42,7 +42,10 @@ CASES: dict[str, tuple[dict[str, Any], str | None]] = {
                           "trainer_run_max_restarts (-1) a number >= 0"),
     "play_lacks_a_node": ({CMD: ["train.py"], "trainer_run_nnodes": 2, "trainer_run_master_addr": "10.0.0.1"},
                           "is node 0 of 2, but the play has 1 such host(s)"),
+    "bad_bucket": ({CMD: ["train.py"], "trainer_run_checkpoint_bucket": "gs://Bad Bucket/x"},
+                   'trainer_run_checkpoint_bucket: "gs://Bad Bucket/x" must be gs://BUCKET or gs://BUCKET/PREFIX'),
     "good_command": ({CMD: ["train.py", "--steps", "5"], "trainer_run_cpu_procs": 2}, None),
+    "good_bucket": ({CMD: ["train.py"], "trainer_run_checkpoint_bucket": "gs://my-ckpt/runs/exp-1"}, None),
     "good_spec": ({"trainer_run_config": "SPEC_GOOD"}, None),
     "command_wins_over_spec": ({"trainer_run_config": "SPEC_GOOD", CMD: ["other.py"]}, None),
 }  # fmt: skip
@@ -156,3 +159,7 @@ def test_a_run_spec_brings_its_command_and_an_explicit_command_wins(outcomes: di
     )
     assert spec["nproc"] == 1  # auto without a GPU: trainer_run_cpu_procs' default
     assert outcomes["command_wins_over_spec"]["command"] == ["other.py"]
+
+
+def test_a_checkpoint_bucket_of_the_right_form_is_accepted(outcomes: dict) -> None:
+    assert "failed" not in outcomes["good_bucket"] and outcomes["good_bucket"]["command"] == ["train.py"]

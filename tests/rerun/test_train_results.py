@@ -8,33 +8,20 @@ listings must be the same files with the same SHA-1s. The wait asks only for a r
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import json
 import os
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import yaml
 from localplay import run_local_play
+from state_reader import STATE_READER, state_reader
 
 from forja import runstate
 
 REPO = Path(__file__).resolve().parents[2]
-STATE_READER = REPO / "roles" / "trainer_run" / "files" / "forja-train-state"
 FINAL = yaml.safe_load((REPO / "roles/host_contract/defaults/main.yml").read_text())[
     "host_contract_run_final_statuses"]
-
-
-def state_reader() -> ModuleType:
-    """forja-train-state (a script without .py) as a module."""
-    loader = importlib.machinery.SourceFileLoader("forja_train_state_results", str(STATE_READER))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
 
 
 def run_folder(out: Path) -> Path:

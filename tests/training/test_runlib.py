@@ -7,37 +7,22 @@ byte, metrics read by the trainer's report and by forja's status reader on the h
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import json
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import psutil
 import pytest
 import torch
+from state_reader import state_reader
 from trainer_helpers import subprocess_env
 
 from trainer import exit_codes, runlib
 from trainer.metrics import METRIC_FIELDS, read_jsonl
 from trainer.report import render
-
-REPO = Path(__file__).resolve().parents[2]
-STATE_READER = REPO / "roles" / "trainer_run" / "files" / "forja-train-state"
-
-
-def state_reader() -> ModuleType:
-    """forja-train-state (a script without .py) as a module: the host-side reader of run folders."""
-    loader = importlib.machinery.SourceFileLoader("forja_train_state", str(STATE_READER))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
 
 
 def short_run(run_dir: Path, steps: int, start_signal_at: int | None = None, **run_args) -> runlib.Run:

@@ -1,4 +1,5 @@
-"""The nvidia_facts module's parsers, fed with real output of nvidia-smi, /proc, dpkg and apt.
+"""The nvidia_facts module's parsers (its GPU reading in module_utils/forja_nvidia.py), fed with real
+output of nvidia-smi, /proc, dpkg and apt.
 
 Samples: the nvidia-smi values are those of a real g2 host's L4 (driver 570.133.20, CUDA 12.8,
 23034 MiB, persistence on, as printed in a public nvidia-smi report); the /proc lines are the
@@ -13,6 +14,7 @@ import json
 from pathlib import Path
 
 import pytest
+from ansible_collections.forja.gpu.plugins.module_utils import forja_nvidia
 
 MODULE_PATH = Path(__file__).resolve().parents[2] / "plugins" / "modules" / "nvidia_facts.py"
 spec = importlib.util.spec_from_file_location("nvidia_facts", MODULE_PATH)
@@ -83,31 +85,31 @@ DPKG_LIST = (
 
 class TestNvidiaSmiCsv:
     def test_one_l4_becomes_one_typed_row(self):
-        assert nvidia_facts.parse_smi_csv(L4_CSV) == [{
+        assert forja_nvidia.parse_smi_csv(L4_CSV) == [{
             "index": 0, "name": "NVIDIA L4", "driver_version": "570.133.20", "persistence_mode": "Enabled",
             "memory_total_mib": 23034, "pci_bus_id": "00000000:31:00.0",
             "uuid": L4_UUID,
         }]
 
     def test_each_gpu_is_one_row_in_order(self):
-        rows = nvidia_facts.parse_smi_csv(TWO_L4_CSV)
+        rows = forja_nvidia.parse_smi_csv(TWO_L4_CSV)
         assert [r["index"] for r in rows] == [0, 1]
         assert [r["persistence_mode"] for r in rows] == ["Enabled", "Disabled"]
 
     def test_placeholders_become_none_not_strings(self):
-        row = nvidia_facts.parse_smi_csv(NOT_SUPPORTED_CSV)[0]
+        row = forja_nvidia.parse_smi_csv(NOT_SUPPORTED_CSV)[0]
         assert row["persistence_mode"] is None and row["memory_total_mib"] is None
 
     def test_empty_output_means_no_gpu(self):
-        assert nvidia_facts.parse_smi_csv("\n") == []
+        assert forja_nvidia.parse_smi_csv("\n") == []
 
     def test_a_row_of_the_wrong_width_is_an_error_naming_the_fields(self):
         with pytest.raises(ValueError, match="expected 7 CSV fields"):
-            nvidia_facts.parse_smi_csv("NVIDIA L4, 570.133.20\n")
+            forja_nvidia.parse_smi_csv("NVIDIA L4, 570.133.20\n")
 
 
 def test_the_xml_report_gives_driver_and_cuda_versions():
-    assert nvidia_facts.parse_smi_xml(SMI_XML) == {"driver_version": "570.133.20", "cuda_version": "12.8"}
+    assert forja_nvidia.parse_smi_xml(SMI_XML) == {"driver_version": "570.133.20", "cuda_version": "12.8"}
 
 
 @pytest.mark.parametrize(("text", "version"), [
@@ -199,12 +201,12 @@ def test_an_l4_on_the_pci_bus_is_found_without_any_driver(tmp_path):
     make_pci(tmp_path, "0000:00:03.0", "0x10de", "0x030200", "0x27b8")
     make_pci(tmp_path, "0000:00:04.0", "0x1af4", "0x020000", "0x1000")  # virtio-net
     make_pci(tmp_path, "0000:00:05.0", "0x10de", "0x040300", "0x22bc")  # NVIDIA audio, not a GPU
-    assert nvidia_facts.pci_gpus(str(tmp_path)) == [
+    assert forja_nvidia.pci_gpus(str(tmp_path)) == [
         {"address": "0000:00:03.0", "device_id": "0x27b8", "class": "0x030200"}]
 
 
 def test_no_pci_bus_means_no_gpu(tmp_path):
-    assert nvidia_facts.pci_gpus(str(tmp_path)) == []
+    assert forja_nvidia.pci_gpus(str(tmp_path)) == []
 
 
 def test_cuda_toolkits_are_read_from_version_json(tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import fcntl
 import hashlib
 import os
 import shutil
@@ -178,12 +179,17 @@ def ensure_wheelhouse(requirements: tuple[str, ...]) -> Path:
     if marker.exists():
         return folder
     folder.mkdir(parents=True, exist_ok=True)
-    cert = Path("/etc/ssl/certs/ca-certificates.crt")
-    _run([sys.executable, "-m", "pip", "download", "--isolated", "--disable-pip-version-check",
-          *(["--cert", str(cert)] if cert.exists() else []), *WHEEL_PLATFORM_ARGS,
-          "--progress-bar", "off", "--resume-retries", "10", "-d", str(folder), *requirements],
-         f"downloading {' '.join(requirements)} into {folder}")
-    marker.touch()
+    # Tests on two workers may ask for one list at once: one downloads, the other then finds it.
+    with open(folder.parent / ".wheelhouse.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if marker.exists():
+            return folder
+        cert = Path("/etc/ssl/certs/ca-certificates.crt")
+        _run([sys.executable, "-m", "pip", "download", "--isolated", "--disable-pip-version-check",
+              *(["--cert", str(cert)] if cert.exists() else []), *WHEEL_PLATFORM_ARGS,
+              "--progress-bar", "off", "--resume-retries", "10", "-d", str(folder), *requirements],
+             f"downloading {' '.join(requirements)} into {folder}")
+        marker.touch()
     return folder
 
 

@@ -21,13 +21,56 @@ from pathlib import Path
 
 from ansible.plugins.loader import init_plugin_loader
 
+# `make test` runs the tests on two xdist workers (a serial run keeps one of this machine's two
+# cores idle: test hosts and Ansible wait on each other). Each worker keeps its own Ansible fact
+# cache: the jsonfile cache writes in place, and two plays gathering one host name at once would
+# read each other's half-written files.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("ANSIBLE_CACHE_PLUGIN_CONNECTION", str(
+        Path.home() / ".cache" / "forja" / f"facts-{os.environ['PYTEST_XDIST_WORKER']}"))
+
+# What a test file shares with others beyond its own hosts and ports runs on one worker, in one
+# xdist group: the API tests share the session's th6 (tests/api/conftest.py), and these files all
+# start sandboxes whose VMs take the sandbox's test hosts th10-th19 (and `forja tunnel` its local
+# port 8888). Every other file is its own group: module fixtures are never split across workers.
+SHARED_GROUPS = {
+    "tests/api/": "api",
+    "tests/sandbox/test_site_e2e.py": "sandbox",
+    "tests/sandbox/test_cluster_training.py": "sandbox",
+    "tests/sandbox/test_service.py": "sandbox",
+    "tests/sandbox/test_beside_the_product.py": "sandbox",
+    "tests/cli/test_cli_sandbox.py": "sandbox",
+    "tests/storage/test_sandbox_storage.py": "sandbox",
+}
+
 # forja's plugins are the collection forja.gpu: tests import and load them as Ansible does
 # (ansible_collections.forja.gpu..., filter_loader.get("forja.gpu.forja_hourly_rate")), from the
 # clone's link collections/ansible_collections/forja/gpu, the path ansible.cfg names first.
 init_plugin_loader([str(Path(__file__).resolve().parents[1] / "collections")])
 
 
+def _group(item: pytest.Item) -> str:
+    path = item.nodeid.split("::", 1)[0]
+    return next((g for prefix, g in SHARED_GROUPS.items() if path.startswith(prefix)), path)
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Group the tests for xdist (heaviest groups first), then skip host tests where they cannot run.
+
+    xdist hands whole groups to workers in the order met: the groups with test hosts go first, the
+    sandbox's first of all, so that the long ones do not start last and leave one worker idle.
+    """
+    if getattr(config.option, "dist", "no") != "no":
+        hosts = {_group(i) for i in items if "hosts" in i.keywords}
+        rank = {g: n for n, g in enumerate(dict.fromkeys(_group(i) for i in items))}
+        items.sort(key=lambda i: (_group(i) != "sandbox", _group(i) not in hosts, rank[_group(i)]))
+        for item in items:
+            item.add_marker(pytest.mark.xdist_group(_group(item)))
+    _skip_hosts_where_they_cannot_run(config, items)
+
+
+def _skip_hosts_where_they_cannot_run(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip host tests only where they cannot run at all (not root, tools missing), saying why.
 
     In CI (root, tools installed by `make setup`) nothing is skipped; set FORJA_REQUIRE_HOSTS=1

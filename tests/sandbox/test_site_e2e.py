@@ -49,7 +49,7 @@ from renamed_tree import renamed_copy
 from forja.api import Forja
 from forja.history import History
 from forja_sandbox import colab, iap, service, testhosts
-from forja_sandbox.tunnel import ssh_tunnel
+from forja_sandbox.tunnel import port_is_free, ssh_tunnel
 
 pytestmark = [pytest.mark.hosts, pytest.mark.slow]
 
@@ -267,6 +267,8 @@ def _forja_tunnel(*options: str, start: bool = False, timeout_s: float = 600, po
     (on `port`, the port the host's Jupyter serves) and what it printed so far; Ctrl-C (SIGINT)
     closes it at the end, as a user does."""
     argv = [FORJA, *options, "tunnel", *(["--start"] if start else [])]
+    holders = subprocess.run(["ss", "-Hltnp", f"sport = :{port}"], capture_output=True, text=True).stdout
+    assert port_is_free(port), f"127.0.0.1:{port} is taken before `forja tunnel` starts: {holders}"
     with tempfile.TemporaryFile(mode="w+") as log:
         proc = subprocess.Popen(argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, text=True,

@@ -58,7 +58,7 @@ lint: venv
 TEST_WORKERS ?= 2
 
 unit: venv
-	pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=25 tests
+	pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 tests
 
 # Each scenario's output is also kept in .ci-logs/; when one fails, its failing tests and
 # assertion lines are printed again last, so the end of a CI log says what broke.

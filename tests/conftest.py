@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+from typing import Any
 
 import pytest
 
@@ -30,9 +31,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
         Path.home() / ".cache" / "forja" / f"facts-{os.environ['PYTEST_XDIST_WORKER']}"))
 
 # What a test file shares with others beyond its own hosts and ports runs on one worker, in one
-# xdist group: the API tests share the session's th6 (tests/api/conftest.py), and these files all
-# start sandboxes whose VMs take the sandbox's test hosts th10-th19 (and `forja tunnel` its local
-# port 8888). Every other file is its own group: module fixtures are never split across workers.
+# group: the API tests share the session's th6 (tests/api/conftest.py), and these files all start
+# sandboxes whose VMs take the sandbox's test hosts th10-th19 (and `forja tunnel` its local port
+# 8888). Every other file is its own group: module fixtures are never split across workers.
 SHARED_GROUPS = {
     "tests/api/": "api",
     "tests/sandbox/test_site_e2e.py": "sandbox",
@@ -43,30 +44,47 @@ SHARED_GROUPS = {
     "tests/storage/test_sandbox_storage.py": "sandbox",
 }
 
+
 # forja's plugins are the collection forja.gpu: tests import and load them as Ansible does
 # (ansible_collections.forja.gpu..., filter_loader.get("forja.gpu.forja_hourly_rate")), from the
 # clone's link collections/ansible_collections/forja/gpu, the path ansible.cfg names first.
 init_plugin_loader([str(Path(__file__).resolve().parents[1] / "collections")])
 
 
-def _group(item: pytest.Item) -> str:
-    path = item.nodeid.split("::", 1)[0]
+def test_group(nodeid: str) -> str:
+    """The group a test runs in: its file's, or the shared group its file belongs to."""
+    path = nodeid.split("::", 1)[0]
     return next((g for prefix, g in SHARED_GROUPS.items() if path.startswith(prefix)), path)
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Group the tests for xdist (heaviest groups first), then skip host tests where they cannot run.
+test_group.__test__ = False  # type: ignore[attr-defined]  # a helper, not a test
 
-    xdist hands whole groups to workers in the order met: the groups with test hosts go first, the
-    sandbox's first of all, so that the long ones do not start last and leave one worker idle.
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile` with the shared groups above: xdist's own scheduler of whole scopes, each
+    scope a group. (xdist's `loadgroup` marks do not group under pytest 9.2, whose node ids are no
+    longer the `_nodeid` that xdist 3.8 rewrites.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return test_group(nodeid)
+
+    return GroupScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Order the groups for the workers (longest first), then skip host tests where they cannot run.
+
+    xdist hands whole groups to workers in the order the workers collected them: the groups with
+    test hosts go first, the sandbox's first of all, so that the long ones do not start last and
+    leave one worker idle at the end.
     """
-    if getattr(config.option, "dist", "no") != "no":
-        hosts = {_group(i) for i in items if "hosts" in i.keywords}
-        rank = {g: n for n, g in enumerate(dict.fromkeys(_group(i) for i in items))}
-        items.sort(key=lambda i: (_group(i) != "sandbox", _group(i) not in hosts, rank[_group(i)]))
-        for item in items:
-            item.add_marker(pytest.mark.xdist_group(_group(item)))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        hosts = {test_group(i.nodeid) for i in items if "hosts" in i.keywords}
+        rank = {g: n for n, g in enumerate(dict.fromkeys(test_group(i.nodeid) for i in items))}
+        items.sort(key=lambda i: (test_group(i.nodeid) != "sandbox", test_group(i.nodeid) not in hosts,
+                                  rank[test_group(i.nodeid)]))
     _skip_hosts_where_they_cannot_run(config, items)
 
 

@@ -6,7 +6,6 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export TH_BASE ?= $(HOME)/.cache/forja
-SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
 APT_PACKAGES := debootstrap systemd-container nftables zstd curl iproute2 openssh-client rsync sqlite3 gpg chromium
 
 .PHONY: setup apt venv golden sandbox sandbox-down test lint unit molecule clean-hosts
@@ -60,19 +59,13 @@ TEST_WORKERS ?= 2
 unit: venv
 	pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 tests
 
-# Each scenario's output is also kept in .ci-logs/; when one fails, its failing tests and
-# assertion lines are printed again last, so the end of a CI log says what broke.
+# Every molecule scenario (tests/molecule/test_scenarios.py, which `make unit` runs too): each
+# scenario's output is kept in .ci-logs/, and a failing one's failing tasks and assertion lines are
+# printed in the test's failure, so the end of a CI log says what broke.
 molecule: setup
-	@set -eo pipefail; mkdir -p .ci-logs; for s in $(SCENARIOS); do echo "=== molecule test -s $$s"; \
-	  if ! molecule test -s $$s 2>&1 | tee .ci-logs/molecule-$$s.log; then \
-	    echo "=== molecule test -s $$s failed:"; \
-	    sed -E 's/\x1b\[[0-9;]*m//g; s/^ *[│┌└]//' .ci-logs/molecule-$$s.log \
-	      | grep -aE 'fatal: \[|^ *E  |\.py::|[0-9]+ (passed|failed)' | cut -c1-300 | tail -n 30; \
-	    exit 1; \
-	  fi; \
-	done
+	pytest -q -n $(TEST_WORKERS) --dist loadfile tests/molecule
 
-test: setup lint unit molecule
+test: setup lint unit
 
 clean-hosts: venv
 	$(PY) -m forja_sandbox.testhosts down-all

@@ -1,7 +1,7 @@
 """nvidia_stack on a host whose image brought its own driver, as a Deep Learning VM does.
 
-The molecule scenario covers the install path; this covers the other two decisions on a real
-test host (th2): a 570 driver installed outside apt is adopted as it is (nothing installed over
+The molecule scenario covers the install path (on th2); this covers the other two decisions on a
+real test host (th48): a 570 driver installed outside apt is adopted as it is (nothing installed over
 it, pins and report still done, a second run changes nothing), and a driver of another branch
 is refused with the variable to set, leaving /etc/apt untouched. The "image" is made of the
 files such a driver leaves (the NVML library carrying its version, a CUDA toolkit's
@@ -25,7 +25,7 @@ from forja_sandbox import testhosts
 pytestmark = [pytest.mark.hosts, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-INDEX = 2  # nvidia_stack's reserved test host
+INDEX = 48  # its own host: the molecule scenario (th2) may run at the same time
 LIB = "/usr/lib/x86_64-linux-gnu"
 APT_STATE = ("ls -la --time-style=full-iso /etc/apt/sources.list.d /etc/apt/preferences.d "
              "/etc/apt/apt.conf.d; dpkg-query -W")

@@ -31,17 +31,15 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
         Path.home() / ".cache" / "forja" / f"facts-{os.environ['PYTEST_XDIST_WORKER']}"))
 
 # What a test file shares with others beyond its own hosts and ports runs on one worker, in one
-# group: the API tests share the session's th6 (tests/api/conftest.py), and these files all start
-# sandboxes whose VMs take the sandbox's test hosts th10-th19 (and `forja tunnel` its local port
-# 8888). Every other file is its own group: module fixtures are never split across workers.
+# group: the API tests share the session's th6 (tests/api/conftest.py); the end-to-end tests and
+# the cluster's share the default sandbox (its port, its VMs), and a private sandbox's VM takes the
+# same first test host (th10) and `forja tunnel` the same local port 8888. Every other file is its
+# own group: module fixtures are never split across workers.
 SHARED_GROUPS = {
     "tests/api/": "api",
     "tests/sandbox/test_site_e2e.py": "sandbox",
     "tests/sandbox/test_cluster_training.py": "sandbox",
-    "tests/sandbox/test_service.py": "sandbox",
-    "tests/sandbox/test_beside_the_product.py": "sandbox",
     "tests/cli/test_cli_sandbox.py": "sandbox",
-    "tests/storage/test_sandbox_storage.py": "sandbox",
 }
 
 

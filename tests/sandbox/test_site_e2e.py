@@ -106,9 +106,9 @@ def _preempt(vm: dict[str, Any]) -> None:
     """Google's maintenance event on the Spot VM, then wait until the Compute API says TERMINATED."""
     zone = vm["zone"].rsplit("/", 1)[-1]
     _compute("POST", f"zones/{zone}/instances/{vm['name']}/simulateMaintenanceEvent")
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 600  # safety nets, far past what a busy machine needs
     while _instances()[0]["status"] != "TERMINATED":
-        assert time.monotonic() < deadline, "the Spot VM was not preempted within 120 s"
+        assert time.monotonic() < deadline, "the Spot VM was not preempted within 600 s"
         time.sleep(1)
 
 
@@ -198,6 +198,7 @@ def test_a_second_run_with_the_mitogen_strategy_changes_nothing(
     _assert_nothing_changed(_playbook("site.yml", *SPOT, env=env))
 
 
+@pytest.mark.timeout(2700)  # on two busy cores it took 587 s, two-thirds of the suite's 900 s
 def test_a_preempted_spot_vm_comes_back_and_its_training_resumes_and_finishes(
     first_run: subprocess.CompletedProcess[str], tmp_path: Path,
 ) -> None:
@@ -211,9 +212,9 @@ def test_a_preempted_spot_vm_comes_back_and_its_training_resumes_and_finishes(
 
     (vm,) = _instances()
     checkpoints = "/var/lib/forja/runs/drill/checkpoints"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 600
     while "ckpt" not in _on_host(vm, f"sudo ls {checkpoints}"):
-        assert time.monotonic() < deadline, "no checkpoint within 120 s of the start"
+        assert time.monotonic() < deadline, "no checkpoint within 600 s of the start"
         time.sleep(0.5)
     _preempt(vm)
 
@@ -221,7 +222,7 @@ def test_a_preempted_spot_vm_comes_back_and_its_training_resumes_and_finishes(
     assert up.ok, up
     (vm,) = _instances()
     assert vm["status"] == "RUNNING"
-    deadline = time.monotonic() + 600
+    deadline = time.monotonic() + 1800
     # "preempted" (the trainer's own word for its SIGTERM exit) lasts until the unit starts at boot
     while (status := forja.status("drill")[0]).status not in ("completed", "failed", "stopped"):
         assert time.monotonic() < deadline, f"the resumed run did not finish: {status}"
@@ -284,11 +285,13 @@ def _forja_tunnel(*options: str, start: bool = False, timeout_s: float = 600, po
                 time.sleep(0.2)
             yield f"http://localhost:{port}", _read(log)
         finally:
-            os.killpg(proc.pid, signal.SIGINT)
+            with contextlib.suppress(ProcessLookupError):  # the whole group may have ended already
+                os.killpg(proc.pid, signal.SIGINT)
             try:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
             closed = time.monotonic() + 30
             while not port_is_free(port):  # a tunnel left open would answer the next test's connects
@@ -633,7 +636,7 @@ def test_a_vm_that_autostop_stopped_says_why_while_it_is_stopped(
     # background, so that this SSH session is not what the poweroff ends).
     _on_host(vm, f"sudo python3 -c {shlex.quote(edit)} && sudo chmod 600 {private} && sudo {agent} "
                            f"&& sleep 2 && sudo systemd-run --no-block {agent}")
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 600
     while (vm := _instances()[0])["status"] != "TERMINATED":
         assert time.monotonic() < deadline, f"autostop did not stop the VM: {vm['status']}"
         time.sleep(1)

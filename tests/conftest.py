@@ -49,7 +49,7 @@ SHARED_GROUPS = {
 init_plugin_loader([str(Path(__file__).resolve().parents[1] / "collections")])
 
 
-def test_group(nodeid: str) -> str:
+def xdist_group_of(nodeid: str) -> str:
     """The group a test runs in: its file's, or the shared group its file belongs to; each molecule
     scenario alone (each has its own hosts)."""
     path = nodeid.split("::", 1)[0]
@@ -57,8 +57,6 @@ def test_group(nodeid: str) -> str:
         return nodeid
     return next((g for prefix, g in SHARED_GROUPS.items() if path.startswith(prefix)), path)
 
-
-test_group.__test__ = False  # type: ignore[attr-defined]  # a helper, not a test
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
@@ -69,7 +67,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class GroupScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return test_group(nodeid)
+            return xdist_group_of(nodeid)
 
     return GroupScheduling(config, log)
 
@@ -82,10 +80,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     leave one worker idle at the end.
     """
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        hosts = {test_group(i.nodeid) for i in items if "hosts" in i.keywords}
-        rank = {g: n for n, g in enumerate(dict.fromkeys(test_group(i.nodeid) for i in items))}
-        items.sort(key=lambda i: (test_group(i.nodeid) != "sandbox", test_group(i.nodeid) not in hosts,
-                                  rank[test_group(i.nodeid)]))
+        group = {i.nodeid: xdist_group_of(i.nodeid) for i in items}
+        hosts = {group[i.nodeid] for i in items if "hosts" in i.keywords}
+        rank = {g: n for n, g in enumerate(dict.fromkeys(group.values()))}
+        items.sort(key=lambda i: (group[i.nodeid] != "sandbox", group[i.nodeid] not in hosts,
+                                  rank[group[i.nodeid]]))
     _skip_hosts_where_they_cannot_run(config, items)
 
 

@@ -268,8 +268,9 @@ def _forja_tunnel(*options: str, start: bool = False, timeout_s: float = 600, po
     (on `port`, the port the host's Jupyter serves) and what it printed so far; Ctrl-C (SIGINT)
     closes it at the end, as a user does."""
     argv = [FORJA, *options, "tunnel", *(["--start"] if start else [])]
-    holders = subprocess.run(["ss", "-Hltnp", f"sport = :{port}"], capture_output=True, text=True).stdout
-    assert port_is_free(port), f"127.0.0.1:{port} is taken before `forja tunnel` starts: {holders}"
+    if not port_is_free(port):
+        holders = subprocess.run(["ss", "-Hltnp", f"sport = :{port}"], capture_output=True, text=True).stdout
+        pytest.fail(f"127.0.0.1:{port} is taken before `forja tunnel` starts: {holders}")
     with tempfile.TemporaryFile(mode="w+") as log:
         # its own process group, as a terminal's foreground job: Ctrl-C reaches forja and its ssh
         proc = subprocess.Popen(argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
@@ -293,10 +294,8 @@ def _forja_tunnel(*options: str, start: bool = False, timeout_s: float = 600, po
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-            closed = time.monotonic() + 30
-            while not port_is_free(port):  # a tunnel left open would answer the next test's connects
-                assert time.monotonic() < closed, f"127.0.0.1:{port} still taken after the tunnel closed"
-                time.sleep(0.2)
+            # a tunnel left open would answer the next test's connects
+            _wait_for(lambda: port_is_free(port), f"127.0.0.1:{port} freed after the tunnel closed", 30)
 
 
 def _read(log: IO[str]) -> str:

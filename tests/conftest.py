@@ -58,7 +58,6 @@ def xdist_group_of(nodeid: str) -> str:
     return next((g for prefix, g in SHARED_GROUPS.items() if path.startswith(prefix)), path)
 
 
-
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """`--dist loadfile` with the shared groups above: xdist's own scheduler of whole scopes, each
     scope a group. (xdist's `loadgroup` marks do not group under pytest 9.2, whose node ids are no
@@ -70,6 +69,14 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return xdist_group_of(nodeid)
 
     return GroupScheduling(config, log)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Name each failure when it happens, with its time, not only in the summary at the end: a CI
+    run stopped by its time limit never prints that summary, and its log must still say what broke."""
+    if report.failed and not os.environ.get("PYTEST_XDIST_WORKER"):
+        print(f"\nFAILED {report.nodeid} ({report.when}, {report.duration:.0f} s)", flush=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

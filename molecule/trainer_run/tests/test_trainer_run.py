@@ -13,7 +13,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import yaml
@@ -182,7 +181,6 @@ def test_a_second_run_on_the_same_output_folder_is_refused(host) -> None:
 def test_a_completed_run_is_never_started_again(host) -> None:
     stamp = f"sudo stat -c %Y {OUT}/COMPLETED"
     before = host.check_output(stamp)
-    started = host.check_output("date '+%Y-%m-%d %H:%M:%S'")
     # The converge's start and restarts count towards StartLimitBurst: clear the counter so this start
     # reaches the ExecCondition instead of being refused as 'start-limit-hit' without a word.
     host.run(f"sudo systemctl reset-failed {UNIT}")
@@ -192,24 +190,14 @@ def test_a_completed_run_is_never_started_again(host) -> None:
         f"sudo systemctl status --no-pager {UNIT}").stdout
     assert host.service(UNIT).is_running is False
     assert host.check_output(stamp) == before
-    said = f"forja: run {RUN} already completed"
-    assert said in journal_once_it_says(host, said, since=started)
-
-
-def journal_once_it_says(host, text: str, since: str, timeout_s: float = 30.0) -> str:
-    """The journal, read again until it holds `text` or `timeout_s` passes.
-
-    journald reads a service's stdout asynchronously, so the line the ExecCondition printed can
-    land after systemd's own "Skipped due to 'exec-condition'"; and a process that exits at once
-    may have its line stored without the unit's name (journald could not look it up in time), so
-    the whole journal since `since` (taken before the start) is read, not `-u`.
-    """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        journal = host.check_output(f"sudo journalctl --no-pager -o cat --since '{since}'")
-        if text in journal or time.monotonic() > deadline:
-            return journal
-        time.sleep(0.5)
+    # What the condition tells the user, from the command itself with the unit's settings: whether
+    # journald stores the line of a process that exits at once is systemd's race, not forja's (a CI
+    # run once found it missing after 30 s of reading the whole journal; systemd issue 6565).
+    condition = host.check_output(f"systemctl show -p ExecCondition --value {UNIT}")
+    assert "/usr/local/lib/forja/forja-train-launch --check" in condition, condition
+    said = host.run(f"sudo bash -c 'set -a; . /etc/forja/train/{RUN}.env; set +a; "
+                    "/usr/local/lib/forja/forja-train-launch --check'")
+    assert (said.rc, said.stdout.strip()) == (1, f"forja: run {RUN} already completed"), said
 
 
 def test_results_came_back_to_the_controller(host) -> None:

@@ -53,8 +53,8 @@ lint: venv
 	ansible-lint
 
 # One worker by default: on this project's 2-core machines two workers made the host and training
-# tests wait on each other until a CI run passed its 90 minutes, while one worker finishes in about
-# 40. TEST_WORKERS=2 spreads them (tests/conftest.py groups the files that share a host or the sandbox
+# tests wait on each other until a CI run passed its 90 minutes, while one worker finishes within
+# them (the README says how long). TEST_WORKERS=2 spreads them (tests/conftest.py groups the files that share a host or the sandbox
 # and sends the long groups first) on a machine with cores to spare.
 TEST_WORKERS ?= 1
 XDIST = $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)

@@ -154,6 +154,7 @@ def ensure_running(timeout_s: float = 60.0, faults: list[dict[str, Any]] | None 
     (`Faults.add` keyword sets, as FORJA_SANDBOX_FAULTS) are injected into a service started here,
     for failure drills; a service that already runs keeps its own.
     """
+    testhosts.refuse_in_check_tier("started the sandbox service")
     sp = paths()
     sp.root.mkdir(parents=True, exist_ok=True)
     os.chmod(sp.root, 0o700)

@@ -76,6 +76,14 @@ class Host:
         return proc.stdout
 
 
+def refuse_in_check_tier(what: str) -> None:
+    """`make check` (FORJA_TIER=check) runs no test host and no sandbox: a test that still reaches
+    one is missing its `hosts` mark, and is named here rather than silently slowing the edit loop."""
+    if os.environ.get("FORJA_TIER") == "check":
+        raise TestHostError(f"a test in `make check` {what}: mark it `@pytest.mark.hosts` so it runs "
+                            "in the host tier (`make hosts-tier`)")
+
+
 def base_dir() -> Path:
     """Work folder for images, keys and host overlays; outside the clone so CI reuses it."""
     return Path(os.environ.get("TH_BASE") or Path.home() / ".cache" / "forja").resolve()
@@ -242,6 +250,7 @@ def up(index: int, release: str | None = None, image: str = "golden", firewall: 
     host's users and SSH keys from that metadata server, and bakes no fixture key in: only what
     metadata grants logs in, as on a GCE VM.
     """
+    refuse_in_check_tier(f"booted test host th{index}")
     lower = lowerdirs(image, release)
     env = None
     if firewall is not None:

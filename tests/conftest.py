@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
+import time
 from typing import Any
 
 import pytest
@@ -21,6 +23,9 @@ with contextlib.suppress(ImportError):  # without the trainer extra, its tests a
 from pathlib import Path
 
 from ansible.plugins.loader import init_plugin_loader
+
+#: Where the run's time goes, per test phase and per fixture set-up (tests/timings.py).
+pytest_plugins = ["timings"]
 
 # `make test` runs the tests on two xdist workers (a serial run keeps one of this machine's two
 # cores idle: test hosts and Ansible wait on each other). Each worker keeps its own Ansible fact
@@ -93,6 +98,52 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items.sort(key=lambda i: (group[i.nodeid] != "sandbox", group[i.nodeid] not in hosts,
                                   rank[group[i.nodeid]]))
     _skip_hosts_where_they_cannot_run(config, items)
+    if (not os.environ.get("PYTEST_XDIST_WORKER") and os.geteuid() == 0
+            and any("hosts" in i.keywords for i in items)):
+        _hold_the_test_hosts(config)
+
+
+#: The open lock file of this run's hold on the test hosts (kept open for the whole session).
+_HOSTS_LOCK: list[Any] = []
+
+
+def _hold_the_test_hosts(config: pytest.Config) -> None:
+    """Refuse, naming the other run, when another test run on this machine holds the test hosts.
+
+    Two suites at once would boot the same thN, bridge and sandbox port and fail each other in ways
+    that look like bugs. The lock is the kernel's (flock): a killed run leaves no stale lock behind.
+    """
+    if _HOSTS_LOCK:
+        return
+    from forja_sandbox import testhosts
+
+    path = testhosts.base_dir() / ".test-run.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = open(path, "a+")  # noqa: SIM115 - held until the process ends
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise pytest.UsageError(
+            f"another test run holds the test hosts ({holder}); wait for it to end, or stop it "
+            f"(the lock is {path}). Tests without hosts run alone with `make check`.") from None
+    handle.seek(0)
+    handle.truncate()
+    args = " ".join(config.invocation_params.args)[:200]
+    handle.write(f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}: pytest {args}\n")
+    handle.flush()
+    _HOSTS_LOCK.append(handle)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Under xdist the controller collects nothing: it takes the hosts' lock for its workers when its
+    run may select host tests (the host tier's marker expression, or none)."""
+    config = session.config
+    if (getattr(config.option, "numprocesses", None) and not os.environ.get("PYTEST_XDIST_WORKER")
+            and "not hosts" not in (config.option.markexpr or "")):
+        _hold_the_test_hosts(config)
 
 
 def _skip_hosts_where_they_cannot_run(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,0 +1,100 @@
+"""The suite's own tools: where its time goes, one run of host tests at a time, a host-free check tier.
+
+Each is run as a person runs it: a real pytest process over a small test file, the real script
+over what it wrote, a second run against a held lock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from forja_sandbox import service, testhosts
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLE = '''
+import time
+import pytest
+
+@pytest.fixture(scope="module")
+def slow_bring_up():
+    time.sleep(0.4)
+    yield "up"
+
+def test_uses_it(slow_bring_up):
+    time.sleep(0.2)
+    assert slow_bring_up == "up"
+
+def test_fails():
+    assert 1 == 2
+'''
+
+
+def _pytest(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=cwd,
+                          env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_a_run_records_its_phases_and_bring_ups_and_the_script_tables_them(tmp_path: Path) -> None:
+    (tmp_path / "test_sample.py").write_text(SAMPLE)
+    times = tmp_path / "times.jsonl"
+    env = {**os.environ, "FORJA_TEST_TIMES": str(times), "PYTHONPATH": str(ROOT / "tests")}
+    run = _pytest("-p", "timings", "test_sample.py", cwd=tmp_path, env=env)
+    assert run.returncode == 1, run.stdout + run.stderr  # one test fails on purpose
+
+    records = [json.loads(line) for line in times.read_text().splitlines()]
+    (fixture,) = [r for r in records if r["kind"] == "fixture"]
+    assert (fixture["fixture"], fixture["scope"]) == ("slow_bring_up", "module")
+    assert 0.4 <= fixture["duration"] < 5
+    calls = {r["nodeid"]: r for r in records if r["kind"] == "phase" and r["when"] == "call"}
+    assert calls["test_sample.py::test_uses_it"]["outcome"] == "passed"
+    assert calls["test_sample.py::test_fails"]["outcome"] == "failed"
+    assert [r["event"] for r in records if r["kind"] == "session"] == ["start", "finish"]
+
+    table = subprocess.run([sys.executable, str(ROOT / "bench" / "suite_times.py"), str(times),
+                            "--bring-up-min", "0.3", "--ci-elapsed", "600"],
+                           capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "| slow_bring_up | module | test_sample.py | 1 |" in table
+    assert "| test_sample.py | 2 |" in table  # the per-file row: both tests
+    assert "CI run so far: 600 s of 5,400 s (11%); margin 4,800 s (80.0 min)." in table
+    assert table.rstrip().endswith("1 failed: test_sample.py::test_fails")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="host tests (and so the lock) need root")
+def test_a_second_run_of_host_tests_refuses_while_the_first_holds_the_hosts(tmp_path: Path) -> None:
+    lock = tmp_path / ".test-run.lock"
+    with lock.open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        held.write("pid 1234, started earlier: pytest tests\n")
+        held.flush()
+        env = {**os.environ, "TH_BASE": str(tmp_path)}
+        env.pop("FORJA_TIER", None)
+        run = _pytest("--collect-only", "tests/foundation/test_testhosts.py", cwd=ROOT, env=env)
+    assert run.returncode == 4, run.stdout + run.stderr
+    said = " ".join(run.stderr.split())
+    assert "another test run holds the test hosts (pid 1234, started earlier: pytest tests)" in said
+    assert str(lock) in said
+    # Without host tests nothing is locked: the check tier runs beside a host run.
+    with lock.open("a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        run = _pytest("--collect-only", "tests/foundation/test_dpkg_filter.py", cwd=ROOT, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_the_check_tier_names_a_test_that_reaches_a_host_or_the_sandbox(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("FORJA_TIER", "check")
+    monkeypatch.setenv("TH_BASE", str(tmp_path))
+    monkeypatch.setenv("FORJA_SANDBOX_DIR", str(tmp_path / "sandbox"))
+    with pytest.raises(testhosts.TestHostError, match=r"booted test host th99: mark it `@pytest.mark.hosts`"):
+        testhosts.up(99)
+    with pytest.raises(testhosts.TestHostError, match="started the sandbox service: mark it"):
+        service.ensure_running()
+    assert list(tmp_path.iterdir()) == []  # refused before anything was made

@@ -8,7 +8,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export TH_BASE ?= $(HOME)/.cache/forja
 APT_PACKAGES := debootstrap systemd-container nftables zstd curl iproute2 openssh-client rsync sqlite3 gpg chromium
 
-.PHONY: setup apt venv golden sandbox sandbox-down test lint unit molecule clean-hosts
+.PHONY: setup apt venv golden sandbox sandbox-down test check hosts-tier lint unit molecule clean-hosts
 
 setup: apt venv golden
 
@@ -52,23 +52,40 @@ lint: venv
 	yamllint -s .
 	ansible-lint
 
-# One worker by default: on this project's 2-core machines two workers made the host and training
-# tests wait on each other until a CI run passed its 90 minutes, while one worker finishes within
-# them (the README says how long). TEST_WORKERS=2 spreads them (tests/conftest.py groups the files that share a host or the sandbox
-# and sends the long groups first) on a machine with cores to spare.
+# Two tiers. `make check` is the edit loop: lint, then every test that needs no test host and no
+# sandbox (unit, emulator, localhost plays), on both cores (CHECK_WORKERS). `make hosts-tier` is the
+# rest (marked `hosts` or `slow`): real test hosts, the sandbox, molecule, multi-process training,
+# on one worker by default: on this project's 2-core machines two workers made the host and training
+# tests wait on each other until a CI run passed its 90 minutes. TEST_WORKERS=N spreads the host
+# tier (tests/conftest.py groups the files that share a host or the sandbox, long groups first) on a
+# machine with cores to spare. Every test phase and bring-up is timed into .ci-logs/test-times.jsonl
+# (tests/timings.py); `python bench/suite_times.py` prints where the time went.
+CHECK_WORKERS ?= 2
 TEST_WORKERS ?= 1
+CHECK_TIER := not hosts and not slow
 XDIST = $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+CHECK_XDIST = $(if $(filter 1,$(CHECK_WORKERS)),,-n $(CHECK_WORKERS) --dist loadfile --no-loadscope-reorder)
+TIMES := .ci-logs/test-times.jsonl
 
+check: venv lint
+	@mkdir -p .ci-logs; rm -f $(TIMES)
+	FORJA_TIER=check pytest -q $(CHECK_XDIST) -m "$(CHECK_TIER)" --durations=10 tests
+
+hosts-tier: setup
+	pytest -q $(XDIST) -m "not ($(CHECK_TIER))" --durations=25 tests
+
+# Every test in one pytest session (both tiers at once, as before the split).
 unit: venv
 	pytest -q $(XDIST) --durations=25 tests
 
-# Every molecule scenario alone (tests/molecule/test_scenarios.py, which `make unit` runs too): each
+# Every molecule scenario alone (tests/molecule/test_scenarios.py, which the host tier runs too): each
 # scenario's output is kept in .ci-logs/, and a failing one's failing tasks and assertion lines are
 # printed in the test's failure, so the end of a CI log says what broke.
 molecule: setup
 	pytest -q $(XDIST) tests/molecule
 
-test: setup lint unit
+# The check tier first, so a broken unit fails in minutes; then the host tier; then where the time went.
+test: setup check hosts-tier
 
 clean-hosts: venv
 	$(PY) -m forja_sandbox.testhosts down-all

@@ -34,6 +34,16 @@ def _write(record: dict[str, Any]) -> None:
         f.write(json.dumps(record) + "\n")
 
 
+#: The test being set up: a session or module fixture's own node names no test, and the tables
+#: say which test's set-up paid for a bring-up.
+_CURRENT: list[str] = [""]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _CURRENT[0] = item.nodeid
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_fixture_setup(
     fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest
@@ -43,7 +53,7 @@ def pytest_fixture_setup(
     took = time.monotonic() - start
     if took >= MIN_FIXTURE_S:
         _write({"kind": "fixture", "fixture": fixturedef.argname, "scope": fixturedef.scope,
-                "nodeid": request.node.nodeid, "duration": round(took, 3)})
+                "nodeid": _CURRENT[0] or request.node.nodeid, "duration": round(took, 3)})
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

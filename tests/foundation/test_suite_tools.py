@@ -22,7 +22,7 @@ SAMPLE = '''
 import time
 import pytest
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def slow_bring_up():
     time.sleep(0.4)
     yield "up"
@@ -50,7 +50,7 @@ def test_a_run_records_its_phases_and_bring_ups_and_the_script_tables_them(tmp_p
 
     records = [json.loads(line) for line in times.read_text().splitlines()]
     (fixture,) = [r for r in records if r["kind"] == "fixture"]
-    assert (fixture["fixture"], fixture["scope"]) == ("slow_bring_up", "module")
+    assert (fixture["fixture"], fixture["scope"]) == ("slow_bring_up", "session")
     assert 0.4 <= fixture["duration"] < 5
     calls = {r["nodeid"]: r for r in records if r["kind"] == "phase" and r["when"] == "call"}
     assert calls["test_sample.py::test_uses_it"]["outcome"] == "passed"
@@ -60,7 +60,7 @@ def test_a_run_records_its_phases_and_bring_ups_and_the_script_tables_them(tmp_p
     table = subprocess.run([sys.executable, str(ROOT / "bench" / "suite_times.py"), str(times),
                             "--bring-up-min", "0.3", "--ci-elapsed", "600"],
                            capture_output=True, text=True, timeout=60, check=True).stdout
-    assert "| slow_bring_up | module | test_sample.py | 1 |" in table
+    assert "| slow_bring_up | session | test_sample.py | 1 |" in table  # the file of the test that paid
     assert "| test_sample.py | 2 |" in table  # the per-file row: both tests
     assert "CI run so far: 600 s of 5,400 s (11%); margin 4,800 s (80.0 min)." in table
     assert table.rstrip().endswith("1 failed: test_sample.py::test_fails")

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 SCRIPTS = Path(__file__).with_name("scripts")
@@ -227,21 +228,94 @@ def ensure_dlvm(release: str | None = None) -> Path:
     return layer
 
 
-def lowerdirs(image: str = "golden", release: str | None = None) -> str:
-    """The overlay lower layers a host of ``image`` boots from, top first, as overlayfs takes them."""
+def lowerdirs(image: str = "golden", release: str | None = None, over: Path | None = None) -> str:
+    """The overlay lower layers a host of ``image`` boots from, top first, as overlayfs takes them;
+    ``over`` (a layer from `ensure_layer`) goes on top."""
     if image not in IMAGES:
         raise TestHostError(f"image={image!r} is not one of {', '.join(IMAGES)}")
     golden = ensure_golden(release)
-    if image == "dlvm":
-        return f"{ensure_dlvm(release)}:{golden}"
-    return str(golden)
+    lower = f"{ensure_dlvm(release)}:{golden}" if image == "dlvm" else str(golden)
+    return f"{over}:{lower}" if over is not None else lower
+
+
+def layer_key(inputs: list[Path], *extra: str) -> str:
+    """A short hash of every file under ``inputs`` (names and contents) and of ``extra``: what a
+    cached layer was built from, so a change to any of them names a new layer."""
+    digest = hashlib.sha256("\0".join(extra).encode())
+    for root in sorted(inputs):
+        files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+        for path in files:
+            if "__pycache__" in path.parts:
+                continue
+            digest.update(f"\0{path}\0".encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+#: What a layer's build leaves that belongs to the builder host, not to the hosts that boot the
+#: layer: th-up.sh writes each host's own at boot (name, keys, resolver, CA), systemd makes a
+#: machine id, and the builder's journal and temporary files are its own.
+LAYER_SCRUB = ("etc/machine-id", "etc/hostname", "etc/hosts", "root/.ssh", "home/ansible/.ssh",
+               "var/log/journal", "var/tmp", "tmp", "etc/resolv.conf", "etc/systemd/resolved.conf.d")
+
+
+def ensure_layer(name: str, key: str, build: Callable[[Host], None], builder: int,
+                 image: str = "dlvm") -> Path:
+    """Return the cached layer ``name-key`` over ``image``, building it when missing.
+
+    The build boots host `th<builder>` from ``image``, runs ``build(host)`` (a converge), halts the
+    host and keeps its disk, the overlay's upper layer, as the new layer: hosts booted with
+    ``up(..., over=layer)`` start where the converge ended. ``key`` names what the layer was built
+    from (`layer_key`), so a changed input builds a new layer and a stale one is never booted;
+    older layers of the same name are removed. A lock makes concurrent callers build it once.
+    """
+    images = base_dir() / "images"
+    layer = images / f"{name}-{key}"
+    complete = images / f"{name}-{key}.complete"  # beside it: a marker inside would show in the hosts
+    if complete.exists():
+        return layer
+    images.mkdir(parents=True, exist_ok=True)
+    with open(images / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if complete.exists():
+            return layer
+        down(builder)
+        host = up(builder, image=image)
+        try:
+            build(host)
+        finally:
+            stop(builder)
+        upper = base_dir() / "hosts" / f"th{builder}" / "upper"
+        for item in LAYER_SCRUB:
+            target = upper / item
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            else:
+                target.unlink(missing_ok=True)
+        (upper / "usr").mkdir(exist_ok=True)  # th-up.sh checks that every layer has one
+        partial = images / f"{name}-{key}.part"
+        shutil.rmtree(partial, ignore_errors=True)
+        upper.rename(partial)  # the same file system: whiteouts and overlay attributes are kept
+        down(builder)
+        shutil.rmtree(layer, ignore_errors=True)  # a layer whose marker was never written
+        partial.rename(layer)
+        complete.touch()
+        for old in images.glob(f"{name}-*"):
+            if old in (layer, complete):
+                continue
+            if old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                old.unlink(missing_ok=True)
+    return layer
 
 
 def up(index: int, release: str | None = None, image: str = "golden", firewall: str | None = None,
-       metadata_url: str | None = None) -> Host:
+       metadata_url: str | None = None, over: Path | None = None) -> Host:
     """Boot host `th<index>` (idempotent) and return how to reach it.
 
-    ``image="dlvm"`` adds the Deep Learning VM layer (the image's Python with PyTorch). A host
+    ``image="dlvm"`` adds the Deep Learning VM layer (the image's Python with PyTorch); ``over``, a
+    cached layer on top of that (`ensure_layer`: a host where a converge has run). A host
     keeps the layers it was first booted with until it is removed, as a VM keeps its boot disk.
     ``firewall`` (an `nft -f` ruleset, see `forja_sandbox.firewall`) is loaded into the host's
     namespace before the host has an address; a host already up is left as it is (use
@@ -251,7 +325,7 @@ def up(index: int, release: str | None = None, image: str = "golden", firewall: 
     metadata grants logs in, as on a GCE VM.
     """
     refuse_in_check_tier(f"booted test host th{index}")
-    lower = lowerdirs(image, release)
+    lower = lowerdirs(image, release, over)
     env = None
     if firewall is not None:
         env = {"TH_NFT_FILE": str(_write_firewall(index, firewall))}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -121,3 +122,46 @@ def test_down_all_cleans_up_after_a_killed_run() -> None:
     assert f"th{INDEX}-h" not in links, "the host's veth survived (its namespace is still held)"
     testhosts.down(INDEX)  # idempotent: a second removal is a no-op
     assert _leftovers(INDEX) == []
+
+
+@pytest.mark.hosts
+def test_a_cached_layer_is_built_once_and_rebuilt_when_what_it_is_built_from_changes(tmp_path: Path) -> None:
+    """`ensure_layer`: a converge kept as a layer, booted by other hosts as their own start; a changed
+    input names a new layer (the stale one is never booted again, and is removed)."""
+    recipe = tmp_path / "recipe"
+    recipe.write_text("one")
+    builds: list[str] = []
+
+    def build(host: testhosts.Host) -> None:
+        builds.append(host.name)
+        # a file written, one of the image's removed (a whiteout in the layer), the builder's name
+        host.run_as_root(f"echo {recipe.read_text()} > /etc/forja-layer; rm /etc/issue; "
+                         "hostname > /root/built-on")
+
+    images = testhosts.base_dir() / "images"
+    key = testhosts.layer_key([recipe], "golden")
+    try:
+        layer = testhosts.ensure_layer("layer-test", key, build, builder=9, image="golden")
+        assert testhosts.ensure_layer("layer-test", key, build, builder=9, image="golden") == layer
+        assert builds == ["th9"] and not testhosts.is_up(9)  # built once; the builder is gone
+        host = testhosts.up(INDEX, over=layer)
+        out = _ssh(host, "sudo cat /etc/forja-layer /root/built-on; hostname; test -e /etc/issue || echo no-issue")
+        assert out.stdout.split() == ["one", "th9", "th8", "no-issue"], out.stdout + out.stderr
+        testhosts.down(INDEX)
+
+        recipe.write_text("two")
+        new_key = testhosts.layer_key([recipe], "golden")
+        assert new_key != key
+        new_layer = testhosts.ensure_layer("layer-test", new_key, build, builder=9, image="golden")
+        assert builds == ["th9", "th9"] and new_layer != layer and not layer.exists()
+        host = testhosts.up(INDEX, over=new_layer)
+        assert _ssh(host, "cat /etc/forja-layer").stdout.strip() == "two"
+    finally:
+        testhosts.down(INDEX)
+        testhosts.down(9)
+        for old in images.glob("layer-test-*"):
+            if old.is_dir():
+                shutil.rmtree(old)
+            else:
+                old.unlink()
+    assert _leftovers(INDEX) == [] and _leftovers(9) == []

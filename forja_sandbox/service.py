@@ -78,6 +78,20 @@ def port() -> int:
     return int(os.environ.get("FORJA_SANDBOX_PORT", DEFAULT_PORT))
 
 
+def host_slots() -> tuple[int, int]:
+    """The test hosts the sandbox's VMs may take, first and last: th10 … th19, or FORJA_SANDBOX_HOSTS
+    ("50-59"), which keeps a second sandbox (the test suite's) off the hosts of the machine's own."""
+    from forja_sandbox.backend import FIRST_INDEX, LAST_INDEX
+
+    value = os.environ.get("FORJA_SANDBOX_HOSTS")
+    if not value:
+        return FIRST_INDEX, LAST_INDEX
+    first, sep, last = value.partition("-")
+    if not (sep and first.isdigit() and last.isdigit() and 1 <= int(first) <= int(last) <= 200):
+        raise ValueError(f"FORJA_SANDBOX_HOSTS={value!r}: give the first and last host index, e.g. 50-59")
+    return int(first), int(last)
+
+
 def base_url(p: int | None = None) -> str:
     return f"http://127.0.0.1:{p or port()}/compute/v1/"
 
@@ -298,7 +312,9 @@ def serve(p: int) -> None:
     sp = paths()
     # As on GCE: the hosts enforce the project's firewall rules (forja_sandbox/firewall.py), and SSH
     # keys reach them only through metadata, read by the guest-agent stand-in (guest_agent/).
-    backend = TestHostBackend(sp.bindings, enforce_firewall=True, metadata_url=metadata_url(p))
+    first, last = host_slots()
+    backend = TestHostBackend(sp.bindings, first=first, last=last, enforce_firewall=True,
+                              metadata_url=metadata_url(p))
     emulator = ComputeEmulator(host="127.0.0.1", port=p, backend=backend, projects=(PROJECT,),
                                state_file=sp.state)
     sp.pid.write_text(str(os.getpid()))  # only once the port is ours: a loser of a race exits above

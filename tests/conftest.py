@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import os
 import shutil
+import tempfile
 import time
 from typing import Any
 
@@ -22,7 +24,17 @@ with contextlib.suppress(ImportError):  # without the trainer extra, its tests a
 
 from pathlib import Path
 
+import testsandbox
 from ansible.plugins.loader import init_plugin_loader
+
+# Every test run has its own sandbox cloud (folder, port, host slots), never the one `make sandbox`
+# made: tests/testsandbox.py. Set before any test, so every subprocess inherits it.
+os.environ.update(testsandbox.env())
+# Nor the user's run history (~/.local/share/forja): each pytest process has a folder of its own,
+# which its subprocesses (forja, ansible-playbook's history record) inherit. Tests that need a
+# history of their own still set FORJA_HOME themselves.
+os.environ["FORJA_HOME"] = tempfile.mkdtemp(prefix="forja-test-home-")
+atexit.register(shutil.rmtree, os.environ["FORJA_HOME"], ignore_errors=True)
 
 #: Where the run's time goes, per test phase and per fixture set-up (tests/timings.py).
 pytest_plugins = ["timings"]
@@ -135,6 +147,8 @@ def _hold_the_test_hosts(config: pytest.Config) -> None:
     handle.write(f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}: pytest {args}\n")
     handle.flush()
     _HOSTS_LOCK.append(handle)
+    testsandbox.remove_leftovers()  # no other run is live: whatever is up was left by one
+    testsandbox.write_inventory()
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

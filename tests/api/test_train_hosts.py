@@ -19,7 +19,7 @@ from forja.api import Forja
 from forja.history import History
 from forja_sandbox import testhosts
 
-# The first test pays for booting th6 and installing PyTorch into it (minutes on a busy machine).
+# The first test pays for booting th6 and building its trainer environment on the image's PyTorch.
 pytestmark = [pytest.mark.hosts, pytest.mark.slow, pytest.mark.timeout(2400)]
 DIGITS = REPO / "trainer" / "configs" / "digits.yaml"
 

@@ -44,8 +44,9 @@ def _private_inventory(folder: Path, endpoint: dict[str, str]) -> tuple[Path, li
 
 
 def test_sandbox_up_then_forja_up_then_sandbox_down(tmp_path: Path) -> None:
+    # Its own hosts too (th60, th61): not the test run's sandbox's (tests/testsandbox.py).
     env = dict(os.environ, FORJA_SANDBOX_DIR=str(tmp_path / "sandbox"), FORJA_SANDBOX_PORT=str(_free_port()),
-               FORJA_HOME=str(tmp_path / "home"))
+               FORJA_SANDBOX_HOSTS="60-61", FORJA_HOME=str(tmp_path / "home"))
 
     def forja(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([FORJA, *args], cwd=REPO, env=env, capture_output=True, text=True,

@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import testsandbox
+import yaml
 
 from forja_sandbox import service, testhosts
 
@@ -98,3 +100,44 @@ def test_the_check_tier_names_a_test_that_reaches_a_host_or_the_sandbox(
     with pytest.raises(testhosts.TestHostError, match="started the sandbox service: mark it"):
         service.ensure_running()
     assert list(tmp_path.iterdir()) == []  # refused before anything was made
+
+
+def test_the_test_runs_sandbox_inventory_states_that_sandboxs_endpoint_and_no_other(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The tests' copy of inventory/sandbox reaches the test run's sandbox (its port, key and
+    buckets' services), so nothing a test does lands in the sandbox `make sandbox` made."""
+    monkeypatch.setenv("TH_BASE", str(tmp_path))
+    for name, value in testsandbox.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("TH_NET", raising=False)
+    folder = testsandbox.write_inventory(tmp_path / "checkout" / "sandbox")
+    endpoint = service.endpoint()
+    assert endpoint["api_url"] == "http://127.0.0.1:8189/compute/v1/"
+    assert endpoint["credentials_file"] == str(tmp_path / "test-sandbox" / "service-account.json")
+    assert service.host_slots() == (50, 59)
+    source = yaml.safe_load((folder / "gcp_gpu.yml").read_text())
+    group_vars = yaml.safe_load((folder / "group_vars" / "all" / "sandbox.yml").read_text())
+    assert source["api_url"] == endpoint["api_url"] == group_vars["gcp_instance_api_url"]
+    key = endpoint["credentials_file"]
+    assert source["credentials_file"] == key == group_vars["gcp_instance_credentials_file"]
+    assert group_vars["autostop_metadata_url"] == endpoint["metadata_url"]
+    assert group_vars["gcp_instance_ssh_address_url"] == service.address_url()
+    assert group_vars["gcp_instance_os_login_url"] == service.oslogin_url()
+    assert group_vars["gcp_bucket_storage_emulator_host"] == endpoint["storage_url"]
+    assert group_vars["trainer_run_env"]["STORAGE_EMULATOR_HOST"] == service.storage_url(bridge=True)
+    token = str(tmp_path / "test-sandbox" / "tokens" / "{{ inventory_hostname }}.jupyter-token")
+    assert group_vars["jupyter_colab_token_fetch_path"] == token
+    shared = sorted(p.name for p in (folder / "group_vars" / "all").iterdir() if p.is_symlink())
+    assert shared == ["access.yml", "gcp.yml"]
+    assert all(p.resolve().is_file() for p in (folder / "group_vars" / "all").iterdir())
+
+
+def test_a_bad_host_range_for_the_sandbox_is_refused_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FORJA_SANDBOX_HOSTS", "59-50")
+    with pytest.raises(ValueError, match=r"FORJA_SANDBOX_HOSTS='59-50': give the first and last host index"):
+        service.host_slots()
+    monkeypatch.delenv("FORJA_SANDBOX_HOSTS")
+    assert service.host_slots() == (10, 19)

@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import testsandbox
 import yaml
 
 from forja_sandbox import service
@@ -35,7 +36,7 @@ from forja_sandbox import service
 pytestmark = [pytest.mark.hosts, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-INVENTORY = ROOT / "inventory" / "sandbox"
+INVENTORY = testsandbox.INVENTORY
 NAME = "forja-elastic"
 GROUP = "cluster_forja_elastic"
 RUN = "elastic-digits"

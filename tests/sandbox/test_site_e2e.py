@@ -42,6 +42,7 @@ from typing import IO, Any
 import playout
 import pytest
 import requests
+import testsandbox
 import torch
 import yaml
 from renamed_tree import renamed_copy
@@ -55,8 +56,9 @@ pytestmark = [pytest.mark.hosts, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Named on every command, as the README's walk does (`make sandbox`, then FORJA_INVENTORY): the
-#: checkout has no default inventory.
-INVENTORY = ROOT / "inventory" / "sandbox"
+#: checkout has no default inventory. It is inventory/sandbox pointed at the test run's own sandbox
+#: (tests/testsandbox.py), never the one `make sandbox` made.
+INVENTORY = testsandbox.INVENTORY
 STOCK_OUT = [{"method": "instances.insert", "error": "ZONE_RESOURCE_POOL_EXHAUSTED",
               "zone": "us-east1-d", "times": 1}]
 SPOT = ("-e", "gcp_instance_spot=true")  # every site run of this module: the drill needs a Spot VM
@@ -199,7 +201,7 @@ def test_a_second_run_with_the_mitogen_strategy_changes_nothing(
 
 
 FORJA = str(Path(sys.executable).with_name("forja"))
-TOKEN_FILE = Path.home() / ".config" / "forja" / "tokens" / "forja-l4.jupyter-token"
+TOKEN_FILE = testsandbox.tokens() / "forja-l4.jupyter-token"  # the test sandbox's, not the user's
 #: The first cell a researcher runs in Colab: which interpreter, and does the image's PyTorch load.
 WHICH_PYTHON = (
     "import sys\nprint('python', sys.executable)\n"

@@ -145,7 +145,8 @@ def test_a_cached_layer_is_built_once_and_rebuilt_when_what_it_is_built_from_cha
         assert testhosts.ensure_layer("layer-test", key, build, builder=9, image="golden") == layer
         assert builds == ["th9"] and not testhosts.is_up(9)  # built once; the builder is gone
         host = testhosts.up(INDEX, over=layer)
-        out = _ssh(host, "sudo cat /etc/forja-layer /root/built-on; hostname; test -e /etc/issue || echo no-issue")
+        out = _ssh(host, "sudo cat /etc/forja-layer /root/built-on; hostname; "
+                         "test -e /etc/issue || echo no-issue")
         assert out.stdout.split() == ["one", "th9", "th8", "no-issue"], out.stdout + out.stderr
         testhosts.down(INDEX)
 

@@ -39,6 +39,8 @@ def test_fails():
 
 
 def _pytest(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """A pytest of its own: not an xdist worker, as this test's process may be (`make check`)."""
+    env = {k: v for k, v in env.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT"))}
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=cwd,
                           env=env, capture_output=True, text=True, timeout=300, check=False)
 

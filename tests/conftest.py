@@ -147,6 +147,8 @@ def _hold_the_test_hosts(config: pytest.Config) -> None:
     handle.write(f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}: pytest {args}\n")
     handle.flush()
     _HOSTS_LOCK.append(handle)
+    if config.option.collectonly:
+        return  # nothing runs: nothing to clean or write
     testsandbox.remove_leftovers()  # no other run is live: whatever is up was left by one
     testsandbox.write_inventory()
 

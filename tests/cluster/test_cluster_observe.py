@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 from cluster_plays import role_play
 from gcp_helpers import emulator_env, run_playbook
 from test_cluster_role import recap
@@ -19,6 +20,7 @@ from forja.history import History
 PROJECT = "forja-sandbox"
 
 
+@pytest.mark.slow  # over 7 s (bench/suite_times.py): the host tier, not make check
 def test_observe_reports_every_member_with_its_rank_and_state(emulator, key_file, tmp_path, monkeypatch):
     env = emulator_env(emulator, key_file)
     size = ("-e", "gcp_instance_name=team", "-e", "gcp_instance_count=2", "-e", "gcp_instance_spot=true")

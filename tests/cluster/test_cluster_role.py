@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import yaml
 from cluster_plays import role_play
 from gcp_helpers import REPO, emulator_env, inventory_json, run_inventory, run_playbook
@@ -31,6 +32,7 @@ def cluster(emulator) -> dict[str, dict]:
     return {vm["name"]: vm for vm in emulator.instances(PROJECT)}
 
 
+@pytest.mark.slow  # over 7 s (bench/suite_times.py): the host tier, not make check
 def test_two_vms_become_one_ranked_cluster_and_teardown_removes_it_all(emulator, key_file, tmp_path):
     env = emulator_env(emulator, key_file)
     play = role_play(tmp_path)

@@ -6,6 +6,7 @@ boots); the inventory is the gcp_gpu plugin's listing of what the emulator holds
 
 from __future__ import annotations
 
+import pytest
 import yaml
 from cluster_plays import role_play
 from gcp_helpers import REPO, emulator_env, inventory_json, run_inventory, run_playbook
@@ -28,6 +29,7 @@ def sizes(emulator) -> dict[str, str]:
     return {name: vm["labels"]["forja-cluster-size"] for name, vm in members(emulator).items()}
 
 
+@pytest.mark.slow  # over 7 s (bench/suite_times.py): the host tier, not make check
 def test_a_smaller_count_removes_the_highest_ranks_and_a_larger_adds_them_back(emulator, key_file, tmp_path):
     env = emulator_env(emulator, key_file)
     play = str(role_play(tmp_path))
@@ -59,6 +61,7 @@ def test_a_smaller_count_removes_the_highest_ranks_and_a_larger_adds_them_back(e
     assert members(emulator)["team-2"]["labels"]["forja-rank"] == "2"
 
 
+@pytest.mark.slow  # over 7 s (bench/suite_times.py): the host tier, not make check
 def test_a_running_member_is_removed_only_when_you_confirm_it(emulator, key_file, tmp_path):
     env = emulator_env(emulator, key_file)
     play = str(role_play(tmp_path))
@@ -78,6 +81,7 @@ def test_a_running_member_is_removed_only_when_you_confirm_it(emulator, key_file
     assert sizes(emulator) == {"team-0": "2", "team-1": "2"}
 
 
+@pytest.mark.slow  # over 7 s (bench/suite_times.py): the host tier, not make check
 def test_teardown_removes_every_member_even_with_a_smaller_count(emulator, key_file, tmp_path):
     env = emulator_env(emulator, key_file)
     made = run_playbook(env, "localhost,", str(role_play(tmp_path)), *sized(3))

@@ -23,6 +23,8 @@ import yaml
 from trainer.cli import _parser
 from trainer.config import load
 
+pytestmark = pytest.mark.slow  # its plays take 10 s (bench/suite_times.py), not make check
+
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO / "roles" / "trainer_run" / "files" / "forja-train-launch"
 

@@ -25,6 +25,7 @@ def info(**options):
     return {"forja.gpu.gcp_gpu_instance_info": {"name": "forja-l4", "zone": "us-east1-d", **options}}
 
 
+@pytest.mark.slow  # over 7 s (bench/suite_times.py): the host tier, not make check
 def test_info_tells_a_preemption_from_a_stop_and_finds_the_vm_elsewhere(emulator, key_file, tmp_path):
     env = emulator_env(emulator, key_file)
     for step in ("made", "after"):
@@ -74,6 +75,7 @@ def gcp_env(emulator, key_file, monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     return inventory
 
 
+@pytest.mark.slow  # over 7 s (bench/suite_times.py): the host tier, not make check
 def test_observe_publishes_the_vm_through_the_data_contract(emulator, gcp_env, tmp_path):
     """Forja.observe runs playbooks/observe.yml through ansible-runner and reads contract.InstanceState."""
     forja = Forja(tmp_path, inventory=gcp_env, private_data_dir=tmp_path / "runner",

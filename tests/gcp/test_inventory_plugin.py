@@ -177,6 +177,7 @@ def test_failures_name_the_project_and_the_cause_and_are_never_silently_empty(em
     assert run_inventory(env, unknown).returncode != 0
 
 
+@pytest.mark.slow  # over 7 s (bench/suite_times.py): the host tier, not make check
 def test_5000_vms_in_20_zones_take_one_token_and_ten_pages(emulator, key_file, tmp_path):
     from forja_sandbox.compute_emulator.catalog import ZONES
 

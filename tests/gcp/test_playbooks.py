@@ -31,6 +31,7 @@ def play(env, inventory_dir, playbook, *extra):
     return {host: int(changed) for host, changed in recap.items()}, proc.stdout
 
 
+@pytest.mark.slow  # over 7 s (bench/suite_times.py): the host tier, not make check
 def test_provision_then_teardown_stop_then_delete(emulator, key_file, inventory_dir, tmp_path):
     env = emulator_env(emulator, key_file)
     ssh_key = tmp_path / "keys" / "id_forja"

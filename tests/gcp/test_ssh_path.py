@@ -75,6 +75,7 @@ def test_each_mode_keeps_the_rule_of_its_path(emulator, key_file, inventory_dir,
     assert rule_of(emulator)["sourceRanges"] == ["198.51.100.9/32"], "direct: a given address wins"
 
 
+@pytest.mark.slow  # over 7 s (bench/suite_times.py): the host tier, not make check
 def test_own_rule_is_checked_before_anything_connects(emulator, key_file, inventory_dir, tmp_path, echo):
     own = ("-e", "gcp_instance_ssh_mode=own_rule", "-e", f"gcp_instance_ssh_address_url={echo}")
     proc = provision(emulator, key_file, inventory_dir, tmp_path, *own)
@@ -102,6 +103,7 @@ def test_a_higher_priority_deny_is_a_mismatch_too(emulator, key_file, inventory_
     assert "rule no-ssh (deny tcp:22 from 0.0.0.0/0 to forja-ssh, priority 100) denies it" in msg, msg
 
 
+@pytest.mark.slow  # over 7 s (bench/suite_times.py): the host tier, not make check
 def test_os_login_puts_the_key_on_the_profile_and_names_the_user_to_log_in_as(
         emulator, key_file, inventory_dir, tmp_path):
     """OS Login: the key goes on the service account's profile (the emulator's OS Login API), the VM

@@ -99,6 +99,7 @@ def _stopped_at(url: str) -> float | None:
     return first if live.scrape(url).step == first else None
 
 
+@pytest.mark.slow  # over 7 s (bench/suite_times.py): the host tier, not make check
 def test_a_hung_run_whose_endpoint_went_silent_is_judged_on_its_last_progress(tmp_path: Path) -> None:
     """A hang that holds Python's lock silences the server thread too (here: the process is frozen
     with SIGSTOP, its socket still accepting): the last progress the agent saw counts."""

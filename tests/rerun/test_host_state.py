@@ -159,6 +159,7 @@ def test_torch_python_facts_reports_the_missing_packages_in_its_own_call():
     assert result["state"]["ok"] is (not packages)
 
 
+@pytest.mark.slow  # over 7 s (bench/suite_times.py): the host tier, not make check
 def test_a_layered_environment_is_compared_with_its_record_as_forja_torch_env_would(tmp_path):
     # jupyter_colab calls forja_torch_env only for a kernel environment host_state reports out of date:
     # both must decide alike, from the record and the base interpreter, whatever the inputs.
@@ -185,6 +186,7 @@ def test_a_layered_environment_is_compared_with_its_record_as_forja_torch_env_wo
     assert again.returncode == 0 and '"action": "none"' in again.stdout, again.stdout
 
 
+@pytest.mark.slow  # over 7 s (bench/suite_times.py): the host tier, not make check
 def test_torch_python_facts_compares_the_environment_it_layers_on_the_interpreter_it_finds(tmp_path):
     # trainer_run finds its PyTorch and learns whether its environment is current in one call, and calls
     # forja_torch_env only when it is not: both must agree, and the options it returns are the ones to use.

@@ -31,6 +31,7 @@ def object_admins(bucket: storage.Bucket) -> set[str]:
     return {m for b in policy.bindings if b["role"] == "roles/storage.objectAdmin" for m in b["members"]}
 
 
+@pytest.mark.slow  # over 7 s (bench/suite_times.py): the host tier, not make check
 def test_create_then_nothing_to_do_then_drift_repaired(
     emulator: StorageEmulator, client: storage.Client, bucket_name: str, tmp_path
 ) -> None:
@@ -180,6 +181,7 @@ def forbidding() -> Iterator[http.server.HTTPServer]:
     server.server_close()
 
 
+@pytest.mark.slow  # over 7 s (bench/suite_times.py): the host tier, not make check
 def test_a_bucket_these_credentials_may_not_read_is_refused_saying_why(forbidding, tmp_path) -> None:
     url = f"http://127.0.0.1:{forbidding.server_address[1]}"
     with socket.socket() as probe:  # a port nobody listens on: a stopped emulator

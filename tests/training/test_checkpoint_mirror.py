@@ -232,6 +232,7 @@ def test_the_trainer_imports_no_google_client_without_a_bucket(tmp_path: Path) -
 
 
 @pytest.mark.timeout(120)  # a save that waited for the dead store would hang here, not pass
+@pytest.mark.slow  # over 7 s (bench/suite_times.py): the host tier, not make check
 def test_upload_fault_the_store_killed_mid_upload(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The store dies mid-upload and comes back: nothing incomplete is marked, the loop never waits,
     and a later upload succeeds."""

@@ -80,6 +80,7 @@ def run(tmp_path: Path, shards: Path, name: str, stop_at: int | None = None) -> 
     return report
 
 
+@pytest.mark.slow  # over 7 s (bench/suite_times.py): the host tier, not make check
 def test_a_dataset_larger_than_memory_trains_and_resumes_at_the_exact_sample(
     tmp_path: Path, big_shards: Path
 ) -> None:

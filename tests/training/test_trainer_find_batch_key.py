@@ -96,6 +96,7 @@ def test_more_optimizer_state_is_searched_again_not_recalled(project: Path) -> N
     assert hungry.max_micro_batch == 16
 
 
+@pytest.mark.slow  # over 7 s (bench/suite_times.py): the host tier, not make check
 def test_another_optimizer_by_name_gets_its_own_search(project: Path) -> None:
     model = {"model": "trainer_fakes:limited_digits", "model_args": {"limit": 37}}
     adamw = search(project, **model, optimizer="AdamW")
@@ -119,6 +120,7 @@ def test_an_edited_optimizer_file_is_searched_again(project: Path) -> None:
     assert (edited.from_cache, edited.max_micro_batch) == (False, 12)
 
 
+@pytest.mark.slow  # over 7 s (bench/suite_times.py): the host tier, not make check
 def test_a_collate_that_grows_the_batch_gets_its_own_answer(project: Path) -> None:
     (project / "repeat_collate.py").write_text(COLLATE_SOURCE.replace("{note}", ""))
     model = {"model": "trainer_fakes:limited_digits", "model_args": {"limit": 40}}

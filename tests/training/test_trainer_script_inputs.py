@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
+pytestmark = pytest.mark.slow  # one play of every case: over 30 s (bench/suite_times.py), not make check
+
 REPO = Path(__file__).resolve().parents[2]
 
 # name -> (role variables, the message's expected words, or None when the inputs are good)

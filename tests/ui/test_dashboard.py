@@ -40,10 +40,10 @@ VM = {"machine_type": "g2-standard-8", "zone": "us-east1-d", "provisioning_model
       "creation_timestamp": "2026-11-20T08:00:00Z", "boot_disk_size_gb": 300}  # fmt: skip
 
 # Never skipped in CI (CI=true): there `make setup` installed chromium, and a skip would hide a broken setup.
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.skipif(
     CHROMIUM is None and not os.environ.get("CI"),
     reason="Debian's chromium is not installed (apt-get install chromium; make setup does)",
-)
+), pytest.mark.slow]  # a real dashboard and a browser: over 20 s (bench/suite_times.py), not make check
 
 
 def free_port() -> int:

@@ -78,6 +78,7 @@ def config_file(tmp_path: Path, steps: int) -> Path:
     return path
 
 
+@pytest.mark.slow  # over 7 s (bench/suite_times.py): the host tier, not make check
 def test_a_config_trains_as_a_vertex_job_and_its_results_land_in_the_bucket(
     sandbox: VertexEmulator, tmp_path: Path
 ) -> None:
@@ -164,6 +165,7 @@ def test_a_config_trains_as_a_vertex_job_and_its_results_land_in_the_bucket(
     assert forja.history.get("tiny-again").status == "cancelled"
 
 
+@pytest.mark.slow  # over 7 s (bench/suite_times.py): the host tier, not make check
 def test_ctrl_c_stops_watching_and_follow_picks_the_job_up_to_its_end(
     sandbox: VertexEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -287,6 +289,7 @@ def until_final(client: Any, name: str) -> Any:
     return until(lambda: (j := client.get_custom_job(name=name)).state.name in final and j, 30, name)
 
 
+@pytest.mark.slow  # over 7 s (bench/suite_times.py): the host tier, not make check
 def test_vertex_follow_prints_the_replicas_lines_and_ctrl_c_leaves_the_job_running(
     sandbox: VertexEmulator, tmp_path: Path
 ) -> None:

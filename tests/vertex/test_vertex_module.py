@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 from gcp_helpers import offline_env, run_module_tasks
 
 from forja_sandbox.vertex_emulator import VertexEmulator
@@ -43,6 +44,7 @@ def command_pool(code: str) -> dict:
     }
 
 
+@pytest.mark.slow  # over 7 s (bench/suite_times.py): the host tier, not make check
 def test_submit_follow_rerun_cancel_and_refuse(emulator: VertexEmulator, tmp_path: Path) -> None:
     train = {
         "region": "us-central1",

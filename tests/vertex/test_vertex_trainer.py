@@ -11,6 +11,7 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import aiplatform_v1
@@ -22,6 +23,7 @@ from forja_sandbox.vertex_emulator import VertexEmulator
 FINAL = (JobState.JOB_STATE_SUCCEEDED, JobState.JOB_STATE_FAILED, JobState.JOB_STATE_CANCELLED)
 
 
+@pytest.mark.slow  # over 7 s (bench/suite_times.py): the host tier, not make check
 def test_the_trainer_runs_ddp_across_two_replicas(emulator: VertexEmulator, tmp_path: Path) -> None:
     config = tmp_path / "digits.yaml"
     config.write_text(yaml.safe_dump(tiny_digits(tmp_path, steps=20)))

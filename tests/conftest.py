@@ -162,6 +162,19 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         _hold_the_test_hosts(config)
 
 
+@pytest.fixture(scope="session")
+def sandbox_cloud() -> Any:
+    """The test run's own sandbox cloud (tests/testsandbox.py), started once for every test that needs
+    it, as `make sandbox` starts it (no inventory starts it); a test adds faults for its drills
+    through the emulator's fault API (`service.inject_fault`) instead of restarting it. Removed at
+    the end of the run; what an interrupted run left is removed when the next starts."""
+    from forja_sandbox import service
+
+    endpoint = service.ensure_running()
+    yield endpoint
+    service.destroy()
+
+
 def _skip_hosts_where_they_cannot_run(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip host tests only where they cannot run at all (not root, tools missing), saying why.
 

@@ -38,9 +38,13 @@ def test_fails():
 '''
 
 
-def _pytest(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """A pytest of its own: not an xdist worker, as this test's process may be (`make check`)."""
+def _pytest(
+    *args: str, cwd: Path, env: dict[str, str], times: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """A pytest of its own: not an xdist worker, as this test's process may be (`make check`), and
+    recording its times in ``times``, never in the run's own (.ci-logs/test-times.jsonl)."""
     env = {k: v for k, v in env.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT"))}
+    env["FORJA_TEST_TIMES"] = str(times) if times else os.devnull
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=cwd,
                           env=env, capture_output=True, text=True, timeout=300, check=False)
 
@@ -48,8 +52,8 @@ def _pytest(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedP
 def test_a_run_records_its_phases_and_bring_ups_and_the_script_tables_them(tmp_path: Path) -> None:
     (tmp_path / "test_sample.py").write_text(SAMPLE)
     times = tmp_path / "times.jsonl"
-    env = {**os.environ, "FORJA_TEST_TIMES": str(times), "PYTHONPATH": str(ROOT / "tests")}
-    run = _pytest("-p", "timings", "test_sample.py", cwd=tmp_path, env=env)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests")}
+    run = _pytest("-p", "timings", "test_sample.py", cwd=tmp_path, env=env, times=times)
     assert run.returncode == 1, run.stdout + run.stderr  # one test fails on purpose
 
     records = [json.loads(line) for line in times.read_text().splitlines()]

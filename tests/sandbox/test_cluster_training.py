@@ -31,8 +31,6 @@ import pytest
 import testsandbox
 import yaml
 
-from forja_sandbox import service
-
 pytestmark = [pytest.mark.hosts, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,18 +73,15 @@ def _instances() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The two VMs, provisioned; torn down (both deleted) at the end, whatever happened."""
-    was_running = bool(service.describe()["running"])
-    service.ensure_running()
+def cluster(tmp_path_factory: pytest.TempPathFactory, sandbox_cloud: dict[str, str]) -> Iterator[Path]:
+    """The two VMs, provisioned on the test run's sandbox; torn down (both deleted) at the end,
+    whatever happened, so the sandbox is left as it was found."""
     try:
         _ansible("playbooks/provision.yml", *CLUSTER)
         yield tmp_path_factory.mktemp("cluster")
     finally:
         if _instances():  # a test failed before the teardown test ran
             _ansible("playbooks/teardown.yml", *CLUSTER, "-e", "forja_teardown_delete=true")
-        if not was_running:
-            service.stop_service()
 
 
 def _forja(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:

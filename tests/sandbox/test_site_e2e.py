@@ -45,8 +45,9 @@ import requests
 import testsandbox
 import torch
 import yaml
-from renamed_tree import renamed_copy
+from renamed_tree import PREFIX, renamed_copy
 
+from forja import contract
 from forja.api import Forja
 from forja.history import History
 from forja_sandbox import colab, iap, service, testhosts
@@ -130,12 +131,13 @@ def _on_host(vm: dict, command: str, key: Path | None = None, user: str = "ansib
 
 
 @pytest.fixture(scope="module")
-def first_run() -> subprocess.CompletedProcess[str]:
-    service.destroy()
-    service.ensure_running(faults=STOCK_OUT)  # as `make sandbox` does: no inventory starts it
-    proc = _playbook("site.yml", *SPOT)
-    yield proc
-    service.stop_service()  # the fault drill must not outlive the test module
+def first_run(sandbox_cloud: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """site.yml on the test run's sandbox, whose first insert in us-east1-d meets a stock-out (a fault
+    added to the running emulator: it is used up by that insert)."""
+    assert _instances() == [], "the test sandbox has VMs before site.yml: an earlier test left them"
+    for fault in STOCK_OUT:
+        service.inject_fault(**fault)
+    return _playbook("site.yml", *SPOT)
 
 
 def test_stock_out_moves_the_vm_to_the_fallback_zone(first_run: subprocess.CompletedProcess[str]) -> None:
@@ -167,9 +169,8 @@ def test_colab_reaches_the_provisioned_jupyter_through_a_tunnel(
     first_run: subprocess.CompletedProcess[str],
 ) -> None:
     (vm,) = _instances()
-    token_file = Path.home() / ".config" / "forja" / "tokens" / "forja-l4.jupyter-token"
-    assert token_file.stat().st_mode & 0o077 == 0, "the fetched token must be readable by its owner only"
-    token = token_file.read_text()
+    assert TOKEN_FILE.stat().st_mode & 0o077 == 0, "the fetched token must be readable by its owner only"
+    token = TOKEN_FILE.read_text()
     with ssh_tunnel(_address(vm), "ansible", testhosts.key_path(), 8888, 8888, proxy_command=_through_iap(vm),
                     strict_host_key_checking="no", known_hosts_file="/dev/null") as tunnel:
         assert colab.run_via_http_over_ws(tunnel.base_url, token, "print(1+1)").strip() == "2"
@@ -548,12 +549,44 @@ def test_os_login_reaches_the_vm_as_the_profiles_user(first_run: subprocess.Comp
     assert _on_host(vm, "echo old").strip() == "old"
 
 
+#: Runs one playbook of the tree FORJA_ROOT names through forja's runner; prints what was published
+#: and every task that started.
+PUBLISHED = """
+import json, sys
+from forja.events import TaskStarted
+from forja.runner import PlaybookRun, run
+tasks = []
+result = run(PlaybookRun(playbook=sys.argv[1], inventory=sys.argv[2], extravars=json.loads(sys.argv[3]),
+                         host_key_checking=False),
+             on_event=lambda e: tasks.append(e.task) if isinstance(e, TaskStarted) else None)
+print(json.dumps({"rc": result.rc, "artifact_data": result.artifact_data, "tasks": tasks}))
+"""
+
+
+def _published(tree: Path, env: dict[str, str], playbook: str, extravars: dict[str, Any]) -> dict[str, Any]:
+    """What `playbook` of the renamed ``tree`` published, run through forja's own runner; every task
+    that ran must be the copy's (renamed), not only the ones forja happens to read."""
+    argv = [sys.executable, "-c", PUBLISHED, playbook, str(INVENTORY), json.dumps(extravars)]
+    proc = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True, timeout=1800, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["rc"] == 0, str(out)[-3000:]
+    # Ansible's own implicit tasks (facts, argument specs) and handlers keep their names.
+    handlers = {h["name"] for f in tree.glob("roles/*/handlers/*.yml")
+                for h in yaml.safe_load(f.read_text()) or []}
+    ran = [t for t in out["tasks"] if t != "Gathering Facts" and t not in handlers
+           and not t.startswith("Validating arguments against arg spec")]
+    assert ran and all(t.startswith(PREFIX) for t in ran), f"tasks not of the renamed copy: {ran}"
+    return out["artifact_data"]
+
+
 def test_a_tree_whose_tasks_are_all_renamed_still_drives_the_sandbox(
     first_run: subprocess.CompletedProcess[str], tmp_path: Path,
 ) -> None:
     """Issue 13: forja reads what the roles publish, never a task's name. In a copy of the checkout
     whose every role and play task is renamed (FORJA_ROOT), `forja status`, `forja train` and
-    `forja tunnel` still work on the sandbox."""
+    `forja tunnel` still work on the sandbox, and what jupyter.yml and train_status.yml publish
+    still parses, field by field, as forja's models."""
     tree = renamed_copy(tmp_path / "tree")
     env = {**os.environ, "FORJA_ROOT": str(tree), "FORJA_HOME": str(tmp_path / "home"),
            "ANSIBLE_CONFIG": str(tree / "ansible.cfg")}
@@ -566,7 +599,7 @@ def test_a_tree_whose_tasks_are_all_renamed_still_drives_the_sandbox(
     trained = _forja(*SPOT, "train", str(tmp_path / "renamed.yaml"), "--name", "renamed", cwd=tree, env=env)
     assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-2000:]
     said = " ".join(trained.stderr.split())  # the announcements, recognised by their result key
-    assert "Sending" in said and "renamed completed on forja-l4" in said, said[-3000:]
+    assert "Sending" in said and "PyTorch" in said and "renamed completed on forja-l4" in said, said[-3000:]
     after = _forja("--json", "status", "renamed", cwd=tree, env=env)
     assert [(r["run"], r["status"]) for r in json.loads(after.stdout)] == [("renamed", "completed")], (
         after.stdout[-2000:] + after.stderr[-2000:])
@@ -574,6 +607,25 @@ def test_a_tree_whose_tasks_are_all_renamed_still_drives_the_sandbox(
     with _forja_tunnel(cwd=tree, env=env) as (url, printed):
         assert "http://localhost:8888/?token=" in printed, printed
         assert colab.run_via_direct(url, token, "print(5*5)", timeout_s=120).strip() == "25"
+
+    # The connection the renamed jupyter.yml publishes, field by field.
+    (vm,) = _instances()
+    configured = _published(tree, env, "jupyter.yml", {})
+    facts = contract.read_stats(configured).hosts["forja-l4"]
+    assert facts.contract_version == contract.CONTRACT_VERSION
+    conn = facts.jupyter
+    assert conn is not None and conn.port == 8888
+    assert conn.argv[:3] == ["ssh", "-N", "-L"] and conn.argv[3] == "8888:127.0.0.1:8888"
+    assert conn.argv[-1] == f"ansible@{_address(vm)}"
+    assert conn.colab_url_template == "http://localhost:8888/?token=<token>"
+    assert conn.token_file == "/var/lib/forja/jupyter/token" and conn.local_token_file == str(TOKEN_FILE)
+    assert len(token) >= 32 and token not in json.dumps(configured)
+    # The run state documents the renamed train_status.yml publishes.
+    published = _published(tree, env, "train_status.yml", {"trainer_run_status_runs": ["renamed"]})
+    ((host, state),) = contract.read_stats(published).runs
+    assert (host, state.run, state.status, state.final) == ("forja-l4", "renamed", "completed", True)
+    assert state.step == 60 and state.summary is not None and state.summary["steps"] == 60
+    assert state.loss is not None
 
 
 def test_a_vm_that_autostop_stopped_says_why_while_it_is_stopped(
@@ -852,11 +904,14 @@ def test_a_managed_spot_run_survives_a_preemption_and_a_stock_out_and_ends_bit_e
 def test_teardown_leaves_nothing_behind(first_run: subprocess.CompletedProcess[str]) -> None:
     _playbook("playbooks/teardown.yml", "-e", "forja_teardown_delete=true")
     assert _instances() == []
-    bound = [i for i in testhosts.running() if 10 <= i <= 19]
+    first, last = testsandbox.HOSTS  # the test sandbox's host slots
+    bound = [i for i in testhosts.running() if first <= i <= last]
     assert bound == [], f"hosts of deleted instances still there: {bound}"
     service.destroy()
     assert service.describe()["running"] is False
-    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert not re.search(r"^th1\d\b", netns, flags=re.M)
+    netns = {line.split()[0] for line in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                                        text=True).stdout.splitlines() if line.strip()}
     mounts = Path("/proc/mounts").read_text()
-    assert str(testhosts.base_dir() / "hosts" / "th1") not in mounts
+    for index in range(first, last + 1):
+        assert f"th{index}" not in netns
+        assert f"{testhosts.base_dir() / 'hosts' / f'th{index}'}/" not in mounts

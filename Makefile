@@ -52,8 +52,8 @@ lint: venv
 	yamllint -s .
 	ansible-lint
 
-# Two tiers. `make check` is the edit loop: lint, then every test that needs no test host and no
-# sandbox (unit, emulator, localhost plays), on both cores (CHECK_WORKERS). `make hosts-tier` is the
+# Two tiers. `make check` is the edit loop: every test that needs no test host and no sandbox (unit,
+# emulator, localhost plays), on both cores (CHECK_WORKERS); `make lint check` adds the linters. `make hosts-tier` is the
 # rest (marked `hosts` or `slow`): real test hosts, the sandbox, molecule, multi-process training,
 # on one worker by default: on this project's 2-core machines two workers made the host and training
 # tests wait on each other until a CI run passed its 90 minutes. TEST_WORKERS=N spreads the host
@@ -67,7 +67,7 @@ XDIST = $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --n
 CHECK_XDIST = $(if $(filter 1,$(CHECK_WORKERS)),,-n $(CHECK_WORKERS) --dist loadfile --no-loadscope-reorder)
 TIMES := .ci-logs/test-times.jsonl
 
-check: venv lint
+check: venv
 	@mkdir -p .ci-logs; rm -f $(TIMES)
 	FORJA_TIER=check pytest -q $(CHECK_XDIST) -m "$(CHECK_TIER)" --durations=10 tests
 
@@ -84,8 +84,8 @@ unit: venv
 molecule: setup
 	pytest -q $(XDIST) tests/molecule
 
-# The check tier first, so a broken unit fails in minutes; then the host tier; then where the time went.
-test: setup check hosts-tier
+# Lint and the check tier first, so a broken unit fails in minutes; then the host tier.
+test: setup lint check hosts-tier
 
 clean-hosts: venv
 	$(PY) -m forja_sandbox.testhosts down-all

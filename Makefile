@@ -53,9 +53,9 @@ lint: venv
 	ansible-lint
 
 # Two tiers. `make check` is the edit loop: every test that needs no test host and no sandbox (unit,
-# emulator, localhost plays), on both cores (CHECK_WORKERS); `make lint check` adds the linters. `make hosts-tier` is the
-# rest (marked `hosts` or `slow`): real test hosts, the sandbox, molecule, multi-process training,
-# on one worker by default: on this project's 2-core machines two workers made the host and training
+# emulator, localhost plays), on both cores (CHECK_WORKERS); `make lint check` adds the linters.
+# `make hosts-tier` is the rest (marked `hosts` or `slow`): real test hosts, the sandbox, molecule,
+# multi-process training, on one worker by default: on this project's 2-core machines two workers made the host and training
 # tests wait on each other until a CI run passed its 90 minutes. TEST_WORKERS=N spreads the host
 # tier (tests/conftest.py groups the files that share a host or the sandbox, long groups first) on a
 # machine with cores to spare. Every test phase and bring-up is timed into .ci-logs/test-times.jsonl

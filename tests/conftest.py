@@ -27,6 +27,8 @@ from pathlib import Path
 import testsandbox
 from ansible.plugins.loader import init_plugin_loader
 
+from forja_sandbox import service, testhosts
+
 # Every test run has its own sandbox cloud (folder, port, host slots), never the one `make sandbox`
 # made: tests/testsandbox.py. Set before any test, so every subprocess inherits it.
 os.environ.update(testsandbox.env())
@@ -127,8 +129,6 @@ def _hold_the_test_hosts(config: pytest.Config) -> None:
     """
     if _HOSTS_LOCK:
         return
-    from forja_sandbox import testhosts
-
     path = testhosts.base_dir() / ".test-run.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
     handle = open(path, "a+")  # noqa: SIM115 - held until the process ends
@@ -154,11 +154,11 @@ def _hold_the_test_hosts(config: pytest.Config) -> None:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Under xdist the controller collects nothing: it takes the hosts' lock for its workers when its
-    run may select host tests (the host tier's marker expression, or none)."""
+    """Under xdist the controller collects nothing: it takes the hosts' lock for its workers, unless
+    the run is `make check` (FORJA_TIER=check, which boots no host: `testhosts.refuse_in_check_tier`)."""
     config = session.config
     if (getattr(config.option, "numprocesses", None) and not os.environ.get("PYTEST_XDIST_WORKER")
-            and "not hosts" not in (config.option.markexpr or "")):
+            and os.environ.get("FORJA_TIER") != "check"):
         _hold_the_test_hosts(config)
 
 
@@ -168,8 +168,6 @@ def sandbox_cloud() -> Any:
     it, as `make sandbox` starts it (no inventory starts it); a test adds faults for its drills
     through the emulator's fault API (`service.inject_fault`) instead of restarting it. Removed at
     the end of the run; what an interrupted run left is removed when the next starts."""
-    from forja_sandbox import service
-
     endpoint = service.ensure_running()
     yield endpoint
     service.destroy()

@@ -22,15 +22,20 @@ import pytest
 MIN_FIXTURE_S = 0.1
 
 
-def _out() -> Path:
-    path = Path(os.environ.get("FORJA_TEST_TIMES") or ".ci-logs/test-times.jsonl")
+#: The file this process appends to: resolved once, when pytest starts, so a test that changes the
+#: working folder does not send the later records elsewhere.
+_OUT: list[Path] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    path = Path(os.environ.get("FORJA_TEST_TIMES") or ".ci-logs/test-times.jsonl").absolute()
     path.parent.mkdir(parents=True, exist_ok=True)
-    return path
+    _OUT[:] = [path]
 
 
 def _write(record: dict[str, Any]) -> None:
     record["worker"] = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    with _out().open("a") as f:  # one short line per write: workers' lines do not interleave
+    with _OUT[0].open("a") as f:  # one short line per write: workers' lines do not interleave
         f.write(json.dumps(record) + "\n")
 
 

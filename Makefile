@@ -54,14 +54,15 @@ lint: venv
 
 # Two tiers. `make check` is the edit loop: every test that needs no test host and no sandbox (unit,
 # emulator, localhost plays), on both cores (CHECK_WORKERS); `make lint check` adds the linters.
-# `make hosts-tier` is the rest (marked `hosts` or `slow`): real test hosts, the sandbox, molecule,
-# multi-process training, on one worker by default: on this project's 2-core machines two workers made the host and training
-# tests wait on each other until a CI run passed its 90 minutes. TEST_WORKERS=N spreads the host
-# tier (tests/conftest.py groups the files that share a host or the sandbox, long groups first) on a
-# machine with cores to spare. Every test phase and bring-up is timed into .ci-logs/test-times.jsonl
+# `make hosts-tier` is the rest (marked `hosts` or `slow`) in two lanes (TEST_WORKERS=2): every
+# host test (test hosts, the sandbox, molecule) one at a time on one worker, and the slow tests that
+# boot nothing (multi-process training, long emulator drills) on the other, while the host lane waits
+# on systemd, ssh and Ansible (tests/conftest.py: lane_of). Two workers that each ran host tests made
+# a CI run late on this 2-core machine; the lanes never run two host tests at once. TEST_WORKERS=1
+# runs the tier serially. Every test phase and bring-up is timed into .ci-logs/test-times.jsonl
 # (tests/timings.py); `python bench/suite_times.py` prints where the time went.
 CHECK_WORKERS ?= 2
-TEST_WORKERS ?= 1
+TEST_WORKERS ?= 2
 CHECK_TIER := not hosts and not slow
 XDIST = $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 CHECK_XDIST = $(if $(filter 1,$(CHECK_WORKERS)),,-n $(CHECK_WORKERS) --dist loadfile --no-loadscope-reorder)

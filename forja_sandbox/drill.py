@@ -145,7 +145,7 @@ def run_drill(forja: Forja, config: Path, *, run: str, host: str, fallback_zones
     recoveries: list[Recovery] = []
     stop_tunnel = threading.Event()
     tunnel = threading.Thread(target=forja.keep_tunnel, daemon=True,
-                              kwargs={"host": host, "retry_s": 3.0, "say": tunnel_said.append,
+                              kwargs={"host": host, "say": tunnel_said.append,
                                       "stop": stop_tunnel})
     tunnel.start()
     token = token_file.read_text()
@@ -184,7 +184,10 @@ def run_drill(forja: Forja, config: Path, *, run: str, host: str, fallback_zones
                     now = forja.status(run)
                 except ForjaError:  # SSH not up yet, or the run not sent again yet
                     return False
-                return bool(now) and now[0].status == "running" and now[0].step not in (None, at)
+                # trained on since the preemption: still running, or (a short run on a fast machine)
+                # already completed once the host answered again
+                return (bool(now) and now[0].status in ("running", "completed")
+                        and now[0].step not in (None, at))
 
             _until("training resumed", resumed, 900, every_s=poll_s)
             after = next(iter(forja.observe().values()))

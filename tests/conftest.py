@@ -77,15 +77,53 @@ def xdist_group_of(nodeid: str) -> str:
     return next((g for prefix, g in SHARED_GROUPS.items() if path.startswith(prefix)), path)
 
 
+#: Where the workers tell the controller which files hold host tests (the host tier's two lanes).
+HOST_FILES_ENV = "FORJA_HOST_FILES"
+
+
+def lane_of(nodeid: str, host_files: frozenset[str]) -> str:
+    """The host tier's lanes: every file with host tests is one group, "hosts", run one test at a time
+    on one worker (their converges and trainings need the cores; two at once made a run late); each
+    other file is its own group on the other worker, the CPU lane (torch and emulator tests that boot
+    nothing). Without host tests in the run, the groups of `xdist_group_of`."""
+    return "hosts" if nodeid.split("::", 1)[0] in host_files else xdist_group_of(nodeid)
+
+
+def _host_files() -> frozenset[str]:
+    """The files with host tests, as the workers wrote them after collecting (empty when none did)."""
+    path = os.environ.get(HOST_FILES_ENV)
+    if not path or not Path(path).exists():
+        return frozenset()
+    return frozenset(Path(path).read_text().split())
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The xdist controller of a run that may hold host tests names a file for the workers' list of
+    host files (`lane_of`); the workers, started after this, inherit its path."""
+    if (getattr(config.option, "numprocesses", None) and not os.environ.get("PYTEST_XDIST_WORKER")
+            and os.environ.get("FORJA_TIER") != "check"):
+        handle, path = tempfile.mkstemp(prefix="forja-host-files-")
+        os.close(handle)
+        os.unlink(path)
+        os.environ[HOST_FILES_ENV] = path
+        atexit.register(lambda: Path(path).unlink(missing_ok=True))
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """`--dist loadfile` with the shared groups above: xdist's own scheduler of whole scopes, each
-    scope a group. (xdist's `loadgroup` marks do not group under pytest 9.2, whose node ids are no
-    longer the `_nodeid` that xdist 3.8 rewrites.)"""
+    """`--dist loadfile` with the groups above: xdist's own scheduler of whole scopes, each scope a
+    group. (xdist's `loadgroup` marks do not group under pytest 9.2, whose node ids are no longer the
+    `_nodeid` that xdist 3.8 rewrites.) xdist schedules once every worker has collected, so the list
+    of host files is there; a worker whose pending group has more than one test left gets no other,
+    so the host lane's worker runs nothing else until its last host test."""
     from xdist.scheduler import LoadScopeScheduling
 
     class GroupScheduling(LoadScopeScheduling):
+        host_files: frozenset[str] | None = None
+
         def _split_scope(self, nodeid: str) -> str:
-            return xdist_group_of(nodeid)
+            if self.host_files is None:
+                self.host_files = _host_files()
+            return lane_of(nodeid, self.host_files)
 
     return GroupScheduling(config, log)
 
@@ -101,20 +139,37 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Order the groups for the workers (longest first), then skip host tests where they cannot run.
 
-    xdist hands whole groups to workers in the order the workers collected them: the groups with
-    test hosts go first, the sandbox's first of all, so that the long ones do not start last and
-    leave one worker idle at the end.
+    xdist hands whole groups to workers in the order the workers collected them: the host tests go
+    first (the host lane, `lane_of`), the sandbox's first of all, so that the long ones do not start
+    last and leave one worker idle at the end.
     """
     if os.environ.get("PYTEST_XDIST_WORKER"):
         group = {i.nodeid: xdist_group_of(i.nodeid) for i in items}
         hosts = {group[i.nodeid] for i in items if "hosts" in i.keywords}
         rank = {g: n for n, g in enumerate(dict.fromkeys(group.values()))}
-        items.sort(key=lambda i: (group[i.nodeid] != "sandbox", group[i.nodeid] not in hosts,
+        items.sort(key=lambda i: (group[i.nodeid] not in hosts, group[i.nodeid] != "sandbox",
                                   rank[group[i.nodeid]]))
+        _tell_the_controller_the_host_files(items)
     _skip_hosts_where_they_cannot_run(config, items)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A run without xdist holds the test hosts when a host test is left after `-m` and `-k`."""
     if (not os.environ.get("PYTEST_XDIST_WORKER") and os.geteuid() == 0
-            and any("hosts" in i.keywords for i in items)):
-        _hold_the_test_hosts(config)
+            and any("hosts" in i.keywords for i in session.items)):
+        _hold_the_test_hosts(session.config)
+
+
+def _tell_the_controller_the_host_files(items: list[pytest.Item]) -> None:
+    """Write the files with host tests where the controller's scheduler reads them (`lane_of`); each
+    worker writes the same list, whole (a rename), so a reader never sees half of one."""
+    path = os.environ.get(HOST_FILES_ENV)
+    if not path:
+        return
+    files = sorted({i.nodeid.split("::", 1)[0] for i in items if "hosts" in i.keywords})
+    part = Path(f"{path}.{os.environ['PYTEST_XDIST_WORKER']}")
+    part.write_text("\n".join(files) + "\n")
+    part.replace(path)
 
 
 #: The open lock file of this run's hold on the test hosts (kept open for the whole session).

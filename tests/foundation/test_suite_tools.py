@@ -92,7 +92,26 @@ def test_a_second_run_of_host_tests_refuses_while_the_first_holds_the_hosts(tmp_
     with lock.open("a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         run = _pytest("--collect-only", "tests/foundation/test_dpkg_filter.py", cwd=ROOT, env=env)
-    assert run.returncode == 0, run.stdout + run.stderr
+        assert run.returncode == 0, run.stdout + run.stderr
+        # nor when `-m` leaves none of a file's host tests
+        run = _pytest("--collect-only", "-m", "not hosts", "tests/foundation/test_testhosts.py", cwd=ROOT,
+                      env=env)
+        assert run.returncode == 0, run.stdout + run.stderr  # its other tests, and no refusal
+
+
+def test_the_host_tier_runs_every_host_file_in_one_lane_and_each_other_file_alone() -> None:
+    from conftest import lane_of
+
+    hosts = frozenset({"tests/sandbox/test_site_e2e.py", "tests/molecule/test_scenarios.py",
+                       "tests/api/test_long_runs.py"})
+    lanes = {n: lane_of(n, hosts) for n in (
+        "tests/sandbox/test_site_e2e.py::test_a", "tests/molecule/test_scenarios.py::test_scenario[autostop]",
+        "tests/api/test_long_runs.py::test_b", "tests/training/test_trainer_ddp.py::test_c",
+        "tests/training/test_trainer_ddp.py::test_d", "tests/api/test_runner.py::test_e")}
+    assert set(list(lanes.values())[:3]) == {"hosts"}
+    assert lanes["tests/training/test_trainer_ddp.py::test_c"] == "tests/training/test_trainer_ddp.py"
+    assert lanes["tests/training/test_trainer_ddp.py::test_d"] == "tests/training/test_trainer_ddp.py"
+    assert lanes["tests/api/test_runner.py::test_e"] == "api"  # shares th6 with the api host tests' files
 
 
 def test_the_check_tier_names_a_test_that_reaches_a_host_or_the_sandbox(

@@ -54,15 +54,16 @@ lint: venv
 
 # Two tiers. `make check` is the edit loop: every test that needs no test host and no sandbox (unit,
 # emulator, localhost plays), on both cores (CHECK_WORKERS); `make lint check` adds the linters.
-# `make hosts-tier` is the rest (marked `hosts` or `slow`) in two lanes (TEST_WORKERS=2): every
-# host test (test hosts, the sandbox, molecule) one at a time on one worker, and the slow tests that
-# boot nothing (multi-process training, long emulator drills) on the other, while the host lane waits
-# on systemd, ssh and Ansible (tests/conftest.py: lane_of). Two workers that each ran host tests made
-# a CI run late on this 2-core machine; the lanes never run two host tests at once. TEST_WORKERS=1
-# runs the tier serially. Every test phase and bring-up is timed into .ci-logs/test-times.jsonl
-# (tests/timings.py); `python bench/suite_times.py` prints where the time went.
+# `make hosts-tier` is the rest (marked `hosts` or `slow`) in lanes on two workers (TEST_WORKERS=2,
+# tests/conftest.py: lane_of): the test sandbox's tests on one (the e2e, the cluster), the other host
+# tests (molecule, test hosts of fixed indices) on the other, one test at a time in each lane, and the
+# slow tests that boot nothing (multi-process training, long emulator drills) on whichever worker is
+# free; host tests mostly wait on systemd, ssh and Ansible. HOST_LANES=1 puts every host test in one
+# lane; TEST_WORKERS=1 runs the tier serially. Every test phase and bring-up is timed into
+# .ci-logs/test-times.jsonl (tests/timings.py); `python bench/suite_times.py` prints where it went.
 CHECK_WORKERS ?= 2
 TEST_WORKERS ?= 2
+HOST_LANES ?= 2
 CHECK_TIER := not hosts and not slow
 XDIST = $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 CHECK_XDIST = $(if $(filter 1,$(CHECK_WORKERS)),,-n $(CHECK_WORKERS) --dist loadfile --no-loadscope-reorder)
@@ -73,7 +74,7 @@ check: venv
 	FORJA_TIER=check pytest -q $(CHECK_XDIST) -m "$(CHECK_TIER)" --durations=10 tests
 
 hosts-tier: setup
-	pytest -q $(XDIST) -m "not ($(CHECK_TIER))" --durations=25 tests
+	HOST_LANES=$(HOST_LANES) pytest -q $(XDIST) -m "not ($(CHECK_TIER))" --durations=25 tests
 
 # Every test in one pytest session (both tiers at once, as before the split).
 unit: venv

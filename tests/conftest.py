@@ -81,12 +81,24 @@ def xdist_group_of(nodeid: str) -> str:
 HOST_FILES_ENV = "FORJA_HOST_FILES"
 
 
-def lane_of(nodeid: str, host_files: frozenset[str]) -> str:
-    """The host tier's lanes: every file with host tests is one group, "hosts", run one test at a time
-    on one worker (their converges and trainings need the cores; two at once made a run late); each
-    other file is its own group on the other worker, the CPU lane (torch and emulator tests that boot
-    nothing). Without host tests in the run, the groups of `xdist_group_of`."""
-    return "hosts" if nodeid.split("::", 1)[0] in host_files else xdist_group_of(nodeid)
+def lane_of(nodeid: str, host_files: frozenset[str], host_lanes: int = 1) -> str:
+    """The host tier's lanes: every file with host tests is in a host lane, run one test at a time on
+    one worker (their converges and trainings need the cores); each other file is its own group, for
+    the other worker (torch and emulator tests that boot nothing). `host_lanes=2` (HOST_LANES) splits
+    the host tests in two lanes that share nothing: the test sandbox's ("sandbox": its VMs, its port,
+    local port 8888) and the rest ("hosts": test hosts of fixed indices, each suite its own). Without
+    host tests in the run, the groups of `xdist_group_of`."""
+    if nodeid.split("::", 1)[0] not in host_files:
+        return xdist_group_of(nodeid)
+    return "sandbox" if host_lanes == 2 and xdist_group_of(nodeid) == "sandbox" else "hosts"
+
+
+def host_lanes() -> int:
+    """HOST_LANES: 1 (every host test on one worker) or 2 (the sandbox's apart); refused otherwise."""
+    lanes = os.environ.get("HOST_LANES", "1")
+    if lanes not in ("1", "2"):
+        raise pytest.UsageError(f"HOST_LANES={lanes!r}: use 1 (one host lane) or 2 (the sandbox's apart)")
+    return int(lanes)
 
 
 def _host_files() -> frozenset[str]:
@@ -102,6 +114,7 @@ def pytest_configure(config: pytest.Config) -> None:
     host files (`lane_of`); the workers, started after this, inherit its path."""
     if (getattr(config.option, "numprocesses", None) and not os.environ.get("PYTEST_XDIST_WORKER")
             and os.environ.get("FORJA_TIER") != "check"):
+        host_lanes()  # a bad HOST_LANES is said before any worker starts
         handle, path = tempfile.mkstemp(prefix="forja-host-files-")
         os.close(handle)
         os.unlink(path)
@@ -123,7 +136,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _split_scope(self, nodeid: str) -> str:
             if self.host_files is None:
                 self.host_files = _host_files()
-            return lane_of(nodeid, self.host_files)
+            return lane_of(nodeid, self.host_files, host_lanes())
 
     return GroupScheduling(config, log)
 

@@ -112,6 +112,11 @@ def test_the_host_tier_runs_every_host_file_in_one_lane_and_each_other_file_alon
     assert lanes["tests/training/test_trainer_ddp.py::test_c"] == "tests/training/test_trainer_ddp.py"
     assert lanes["tests/training/test_trainer_ddp.py::test_d"] == "tests/training/test_trainer_ddp.py"
     assert lanes["tests/api/test_runner.py::test_e"] == "api"  # shares th6 with the api host tests' files
+    # two host lanes: the test sandbox's files apart from the other host files
+    assert lane_of("tests/sandbox/test_site_e2e.py::test_a", hosts, 2) == "sandbox"
+    assert lane_of("tests/api/test_long_runs.py::test_b", hosts, 2) == "hosts"
+    cpu = "tests/training/test_trainer_ddp.py"
+    assert lane_of(f"{cpu}::test_c", hosts, 2) == cpu
 
 
 def test_the_check_tier_names_a_test_that_reaches_a_host_or_the_sandbox(

@@ -24,6 +24,7 @@ with contextlib.suppress(ImportError):  # without the trainer extra, its tests a
 
 from pathlib import Path
 
+import lanes
 import testsandbox
 from ansible.plugins.loader import init_plugin_loader
 
@@ -49,64 +50,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("ANSIBLE_CACHE_PLUGIN_CONNECTION", str(
         Path.home() / ".cache" / "forja" / f"facts-{os.environ['PYTEST_XDIST_WORKER']}"))
 
-# What a test file shares with others beyond its own hosts and ports runs on one worker, in one
-# group: the API tests share the session's th6 (tests/api/conftest.py); the end-to-end tests and
-# the cluster's share the default sandbox (its port, its VMs), and a private sandbox's VM takes the
-# same first test host (th10) and `forja tunnel` the same local port 8888. Every other file is its
-# own group: module fixtures are never split across workers.
-SHARED_GROUPS = {
-    "tests/api/": "api",
-    "tests/sandbox/test_site_e2e.py": "sandbox",
-    "tests/sandbox/test_cluster_training.py": "sandbox",
-    "tests/cli/test_cli_sandbox.py": "sandbox",
-}
-
-
 # forja's plugins are the collection forja.gpu: tests import and load them as Ansible does
 # (ansible_collections.forja.gpu..., filter_loader.get("forja.gpu.forja_hourly_rate")), from the
 # clone's link collections/ansible_collections/forja/gpu, the path ansible.cfg names first.
 init_plugin_loader([str(Path(__file__).resolve().parents[1] / "collections")])
-
-
-def xdist_group_of(nodeid: str) -> str:
-    """The group a test runs in: its file's, or the shared group its file belongs to; each molecule
-    scenario alone (each has its own hosts)."""
-    path = nodeid.split("::", 1)[0]
-    if path == "tests/molecule/test_scenarios.py":
-        return nodeid
-    return next((g for prefix, g in SHARED_GROUPS.items() if path.startswith(prefix)), path)
-
-
-#: Where the workers tell the controller which files hold host tests (the host tier's two lanes).
-HOST_FILES_ENV = "FORJA_HOST_FILES"
-
-
-def lane_of(nodeid: str, host_files: frozenset[str], host_lanes: int = 1) -> str:
-    """The host tier's lanes: every file with host tests is in a host lane, run one test at a time on
-    one worker (their converges and trainings need the cores); each other file is its own group, for
-    the other worker (torch and emulator tests that boot nothing). `host_lanes=2` (HOST_LANES) splits
-    the host tests in two lanes that share nothing: the test sandbox's ("sandbox": its VMs, its port,
-    local port 8888) and the rest ("hosts": test hosts of fixed indices, each suite its own). Without
-    host tests in the run, the groups of `xdist_group_of`."""
-    if nodeid.split("::", 1)[0] not in host_files:
-        return xdist_group_of(nodeid)
-    return "sandbox" if host_lanes == 2 and xdist_group_of(nodeid) == "sandbox" else "hosts"
-
-
-def host_lanes() -> int:
-    """HOST_LANES: 1 (every host test on one worker) or 2 (the sandbox's apart); refused otherwise."""
-    lanes = os.environ.get("HOST_LANES", "1")
-    if lanes not in ("1", "2"):
-        raise pytest.UsageError(f"HOST_LANES={lanes!r}: use 1 (one host lane) or 2 (the sandbox's apart)")
-    return int(lanes)
-
-
-def _host_files() -> frozenset[str]:
-    """The files with host tests, as the workers wrote them after collecting (empty when none did)."""
-    path = os.environ.get(HOST_FILES_ENV)
-    if not path or not Path(path).exists():
-        return frozenset()
-    return frozenset(Path(path).read_text().split())
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -114,11 +61,11 @@ def pytest_configure(config: pytest.Config) -> None:
     host files (`lane_of`); the workers, started after this, inherit its path."""
     if (getattr(config.option, "numprocesses", None) and not os.environ.get("PYTEST_XDIST_WORKER")
             and os.environ.get("FORJA_TIER") != "check"):
-        host_lanes()  # a bad HOST_LANES is said before any worker starts
+        lanes.host_lanes()  # a bad HOST_LANES is said before any worker starts
         handle, path = tempfile.mkstemp(prefix="forja-host-files-")
         os.close(handle)
         os.unlink(path)
-        os.environ[HOST_FILES_ENV] = path
+        os.environ[lanes.HOST_FILES_ENV] = path
         atexit.register(lambda: Path(path).unlink(missing_ok=True))
 
 
@@ -135,8 +82,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
         def _split_scope(self, nodeid: str) -> str:
             if self.host_files is None:
-                self.host_files = _host_files()
-            return lane_of(nodeid, self.host_files, host_lanes())
+                self.host_files = lanes.host_files()
+            return lanes.lane_of(nodeid, self.host_files, lanes.host_lanes())
 
     return GroupScheduling(config, log)
 
@@ -157,7 +104,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     last and leave one worker idle at the end.
     """
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        group = {i.nodeid: xdist_group_of(i.nodeid) for i in items}
+        group = {i.nodeid: lanes.xdist_group_of(i.nodeid) for i in items}
         hosts = {group[i.nodeid] for i in items if "hosts" in i.keywords}
         rank = {g: n for n, g in enumerate(dict.fromkeys(group.values()))}
         items.sort(key=lambda i: (group[i.nodeid] not in hosts, group[i.nodeid] != "sandbox",
@@ -176,7 +123,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def _tell_the_controller_the_host_files(items: list[pytest.Item]) -> None:
     """Write the files with host tests where the controller's scheduler reads them (`lane_of`); each
     worker writes the same list, whole (a rename), so a reader never sees half of one."""
-    path = os.environ.get(HOST_FILES_ENV)
+    path = os.environ.get(lanes.HOST_FILES_ENV)
     if not path:
         return
     files = sorted({i.nodeid.split("::", 1)[0] for i in items if "hosts" in i.keywords})

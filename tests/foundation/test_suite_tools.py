@@ -100,7 +100,7 @@ def test_a_second_run_of_host_tests_refuses_while_the_first_holds_the_hosts(tmp_
 
 
 def test_the_host_tier_runs_every_host_file_in_one_lane_and_each_other_file_alone() -> None:
-    from conftest import lane_of
+    from lanes import lane_of
 
     hosts = frozenset({"tests/sandbox/test_site_e2e.py", "tests/molecule/test_scenarios.py",
                        "tests/api/test_long_runs.py"})

@@ -97,6 +97,7 @@ def test_artifact_folders_are_rotated(tmp_path: Path, monkeypatch: pytest.Monkey
     assert len([p for p in (tmp_path / "pdd" / "artifacts").iterdir() if p.is_dir()]) == 1
 
 
+@pytest.mark.slow  # 7 s or more: the host tier's CPU lane, not make check
 def test_rotation_spares_the_folder_of_a_play_still_running(tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """A long play (a watcher's configure) must not lose its folder to the short polls beside it."""

@@ -144,6 +144,7 @@ def _autostop_agent() -> Any:
     return module
 
 
+@pytest.mark.slow  # 7 s or more: the host tier's CPU lane, not make check
 def test_a_stopped_vm_is_reported_stopped_since_when_why_and_how_to_start_it(
     cloud: ComputeEmulator, tmp_path: Path,
 ) -> None:

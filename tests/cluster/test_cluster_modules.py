@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from gcp_helpers import emulator_env, run_module_tasks
 
 PROJECT = "forja-sandbox"
@@ -11,6 +12,7 @@ def policy(**options) -> dict:
     return {"forja.gpu.gcp_gpu_placement_policy": {"name": "team-compact", "zone": "us-east1-d", **options}}
 
 
+@pytest.mark.slow  # 7 s or more: the host tier's CPU lane, not make check
 def test_placement_policy_and_cluster_rule_refuse_bad_input_and_converge(emulator, key_file, tmp_path):
     results = run_module_tasks(
         tmp_path,

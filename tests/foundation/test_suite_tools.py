@@ -74,6 +74,7 @@ def test_a_run_records_its_phases_and_bring_ups_and_the_script_tables_them(tmp_p
     assert table.rstrip().endswith("1 failed: test_sample.py::test_fails")
 
 
+@pytest.mark.slow  # 7 s or more: the host tier's CPU lane, not make check
 @pytest.mark.skipif(os.geteuid() != 0, reason="host tests (and so the lock) need root")
 def test_a_second_run_of_host_tests_refuses_while_the_first_holds_the_hosts(tmp_path: Path) -> None:
     lock = tmp_path / ".test-run.lock"

@@ -192,6 +192,7 @@ def test_the_inputs_hash_changes_with_the_requirements_and_the_base():
 # The layered environment: the module for real (offline: --no-index)
 
 
+@pytest.mark.slow  # 7 s or more: the host tier's CPU lane, not make check
 def test_an_environment_sees_the_base_torch_pins_it_and_is_made_once(tmp_path: Path):
     path = tmp_path / "env"
     args = {"base_python": sys.executable, "path": str(path), "pip_args": "--no-index"}

@@ -8,6 +8,7 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from trainer.checkpoint import CheckpointManager, atomic_save, rng_state, set_rng_state
@@ -61,6 +62,7 @@ def test_sigkill_during_a_write_leaves_a_loadable_previous_checkpoint(tmp_path: 
     assert caught_mid_write >= 10, f"only {caught_mid_write}/20 kills hit a write: the test lost its point"
 
 
+@pytest.mark.slow  # 7 s or more: the host tier's CPU lane, not make check
 def test_a_corrupt_newest_checkpoint_is_set_aside_and_the_previous_one_used(tmp_path: Path) -> None:
     manager = CheckpointManager(tmp_path, keep=3)
     for step in (10, 20, 30):

@@ -51,7 +51,10 @@ class PlaybookFailed(ForjaError):
 
     def __init__(self, host: str, task: str, message: str, playbook: str = "", code: str = "") -> None:
         where = f" in {playbook}" if playbook else ""
-        super().__init__(f"task '{task}' failed on {host}{where}: {message}")
+        if task:
+            super().__init__(f"task '{task}' failed on {host}{where}: {message}")
+        else:  # Ansible stopped before any task ran (it could not parse the play, or not start)
+            super().__init__(f"{playbook or 'the playbook'} failed before any task ran: {message}")
         self.host = host
         self.task = task
         self.detail = message

@@ -21,6 +21,7 @@ import logging
 import os
 import queue
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -129,6 +130,9 @@ class RunResult:
     events: list[ev.Event] = field(default_factory=list, repr=False, compare=False)
     #: What the roles published with set_stats (ansible-runner's artifact data): forja's typed contract.
     artifact_data: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    #: The last lines ansible-playbook printed, when it failed before any task could (a playbook it
+    #: cannot parse, a missing role): the cause, in Ansible's own words.
+    output_tail: str = field(default="", repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -149,7 +153,8 @@ class RunResult:
             )
         if not self.ok:
             why = f"ansible-playbook exited with {self.rc}"
-            raise errors.PlaybookFailed("-", "-", why, playbook=self.playbook)
+            raise errors.PlaybookFailed("", "", f"{why}: {self.output_tail}" if self.output_tail else why,
+                                        playbook=self.playbook)
         return self
 
 
@@ -207,10 +212,12 @@ def _result(request: PlaybookRun, runner: Any, collector: _Collector, started: f
         elif isinstance(e, ev.HostUnreachable):
             unreachable.append(TaskOutcome(e.host, e.task, "", e.message))
     artifact = Path(runner.config.artifact_dir) if getattr(runner, "config", None) else None
+    rc = int(runner.rc if runner.rc is not None else -1)
+    tail = _output_tail(artifact) if rc != 0 and not failed and not unreachable else ""
     return RunResult(
         playbook=Path(request.playbook).name,
         status=str(runner.status),
-        rc=int(runner.rc if runner.rc is not None else -1),
+        rc=rc,
         stats=stats,
         changed_tasks=changed,
         failed_tasks=failed,
@@ -219,7 +226,36 @@ def _result(request: PlaybookRun, runner: Any, collector: _Collector, started: f
         artifact_dir=artifact,
         events=list(collector.events),
         artifact_data=dict(collector.artifact_data),
+        output_tail=tail,
     )
+
+
+def _output_tail(artifact: Path | None, lines: int = 6) -> str:
+    """Ansible's own error from the run's stdout (artifacts/<ident>/stdout): its ERROR lines, with
+    the first inventory source's reason when no inventory could be parsed (the plugin's own words:
+    an emulator down, a key refused), else its last lines; one line, at most 800 characters."""
+    try:
+        text = (artifact / "stdout").read_text(errors="replace") if artifact else ""
+    except OSError:
+        return ""
+    said = [line.strip() for line in text.splitlines() if line.strip()]
+    errors_said = [line for line in said if line.startswith(("ERROR!", "[ERROR]"))][:2]
+    if not errors_said:
+        return " ".join(said[-lines:])[:800]
+    causes = [line.removeprefix("[WARNING]: ") for line in said
+              if line.startswith("[WARNING]: Failed to parse inventory with")][:1]
+    return " ".join(errors_said + causes)[:800]
+
+
+def _tools_path() -> dict[str, str]:
+    """PATH with the folder of forja's own Python first when ansible-playbook lives there and PATH
+    lacks it: `.venv/bin/forja` run without activating the venv then runs the venv's Ansible (and
+    its plays the venv's tools), not a missing or a system one."""
+    tools = Path(sys.executable).parent
+    path = os.environ.get("PATH", "")
+    if not (tools / "ansible-playbook").exists() or str(tools) in path.split(os.pathsep):
+        return {}
+    return {"PATH": os.pathsep.join([str(tools), path]) if path else str(tools)}
 
 
 def _runner_kwargs(request: PlaybookRun, extravars_file: Path | None, ident: str) -> dict[str, Any]:
@@ -230,6 +266,7 @@ def _runner_kwargs(request: PlaybookRun, extravars_file: Path | None, ident: str
         "ANSIBLE_HOST_KEY_CHECKING": "True" if request.host_key_checking else "False",
         "ANSIBLE_FORCE_COLOR": "False",
         "ANSIBLE_NOCOLOR": "True",
+        **_tools_path(),
     }
     kwargs: dict[str, Any] = {
         "private_data_dir": str(data_dir),

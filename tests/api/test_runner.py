@@ -158,3 +158,44 @@ def test_a_missing_playbook_is_a_config_error_naming_it(tmp_path: Path) -> None:
         runner.run(runner.PlaybookRun(playbook="no-such-playbook.yml", host_key_checking=False))
     assert info.value.field == "playbook"
     assert "no-such-playbook.yml" in info.value.message
+
+
+def test_a_play_ansible_cannot_parse_is_named_with_ansibles_own_error(tmp_path: Path) -> None:
+    """No task ran, so no task failed: the error is what ansible-playbook said, not a bare exit code."""
+    broken = tmp_path / "broken.yml"
+    broken.write_text("- hosts: localhost\n  tasks:\n    - name: Use a module that does not exist\n"
+                      "      forja.gpu.no_such_module: {}\n")
+    result = runner.run(runner.PlaybookRun(playbook=str(broken), inventory=INVENTORY,
+                                           private_data_dir=tmp_path / "pdd"))
+    assert not result.ok and result.failed_tasks == []
+    with pytest.raises(errors.PlaybookFailed) as info:
+        result.raise_for_status()
+    said = str(info.value)
+    assert said.startswith("broken.yml failed before any task ran: ansible-playbook exited with 4: "), said
+    assert "no_such_module" in said, said
+    assert "task '" not in said
+
+
+def test_forja_from_an_unactivated_venv_runs_the_venvs_ansible(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """`.venv/bin/forja` without `source .venv/bin/activate`: PATH has no ansible-playbook at all."""
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    result = runner.run(request(tmp_path))
+    assert result.ok, result.output_tail
+    assert (tmp_path / "out.txt").exists()
+
+
+def test_no_parsed_inventory_is_said_with_the_first_sources_reason(tmp_path: Path) -> None:
+    """An inventory plugin that failed (the sandbox's emulator down): its reason, not only Ansible's
+    "No inventory was parsed"."""
+    pdd = tmp_path / "pdd"
+    (pdd / "inventory").mkdir(parents=True)
+    source = pdd / "inventory" / "down.gcp_gpu.yml"
+    source.write_text("plugin: forja.gpu.gcp_gpu\nprojects: [forja-sandbox]\n"
+                      "service_account_file: /nonexistent/key.json\nauth_kind: serviceaccount\n")
+    result = runner.run(runner.PlaybookRun(playbook=PLAYBOOK, inventory=str(source), private_data_dir=pdd))
+    with pytest.raises(errors.PlaybookFailed) as info:
+        result.raise_for_status()
+    said = str(info.value)
+    assert "No inventory was parsed" in said and "Failed to parse inventory with" in said, said
+    assert "gcp_gpu" in said, said

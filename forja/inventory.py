@@ -67,12 +67,24 @@ def required(inventory: str | list[str] | None) -> str | list[str] | None:
     """
     if inventory is None and not os.environ.get("ANSIBLE_INVENTORY"):
         raise not_chosen()
+    for path in [inventory] if isinstance(inventory, str) else inventory or []:
+        if not os.path.exists(path):
+            raise errors.ConfigError("inventory", f"{path} does not exist; check -i or {INVENTORY_ENV}. "
+                                                  f"{_choices()}")
+        if not os.access(path, os.R_OK):
+            raise errors.ConfigError("inventory", f"{path} cannot be read by this user; check its "
+                                                  "permissions, or name another with -i")
     return inventory
 
 
 def not_chosen() -> errors.ConfigError:
-    """No -i, FORJA_INVENTORY or ANSIBLE_INVENTORY: the error naming the choices that ansible.cfg's
-    default inventory (inventory/choose.yml, their one home) lists."""
+    """No -i, FORJA_INVENTORY or ANSIBLE_INVENTORY: the error naming the choices."""
+    return errors.ConfigError("inventory", f"no inventory chosen. {_choices()}; or set {INVENTORY_ENV} to it")
+
+
+def _choices() -> str:
+    """"Name one: -i PATH (what) ...": the choices that ansible.cfg's default inventory
+    (inventory/choose.yml, their one home) lists."""
     import configparser
 
     import yaml
@@ -84,8 +96,7 @@ def not_chosen() -> errors.ConfigError:
     default = REPO_ROOT / cfg.get("defaults", "inventory", fallback="inventory/choose.yml")
     choices = (yaml.safe_load(default.read_text()) or {}).get("choices", {}) if default.is_file() else {}
     named = "; ".join(f"-i {path} ({what})" for path, what in choices.items())
-    return errors.ConfigError("inventory", f"no inventory chosen. Name one: {named or '-i PATH'}; "
-                                           f"or set {INVENTORY_ENV} to it")
+    return f"Name one: {named or '-i PATH'}"
 
 
 def plain(value: Any) -> Any:

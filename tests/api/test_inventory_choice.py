@@ -112,6 +112,34 @@ def test_with_no_inventory_named_nothing_runs_and_the_error_names_the_choices(cl
     assert forja.history.list() == [], "no run was recorded"
 
 
+def test_a_misspelled_inventory_is_an_error_naming_it_for_every_verb(clean_env: Path) -> None:
+    """Not "nothing is running": a path that is not there stops every call that needs hosts, before
+    any playbook runs and before the history records anything."""
+    runner_dir = clean_env / "runner"
+    missing = clean_env / "invnetory.yml"
+    forja = Forja(inventory=missing, private_data_dir=runner_dir, history=History(clean_env / "h.sqlite"))
+    calls = {
+        "up": forja.up,
+        "status": forja.status,
+        "logs": lambda: forja.logs("digits"),
+        "runs --sync": lambda: forja.runs(sync=True),
+        "fetch": lambda: forja.fetch("digits", clean_env / "out"),
+        "stop": lambda: forja.stop("digits"),
+        "hosts": forja.hosts,
+        "tunnel": forja.tunnel,
+        "cost": forja.cost,
+        "train": lambda: forja.train(REPO / "trainer/configs/digits.yaml", project=clean_env),
+    }
+    for name, call in calls.items():
+        with pytest.raises(errors.ConfigError) as caught:
+            call()
+        assert caught.value.field == "inventory", name
+        assert f"{missing} does not exist; check -i or FORJA_INVENTORY" in caught.value.message, name
+        assert caught.value.exit_code == 2
+    assert not runner_dir.exists(), "no playbook was started"
+    assert forja.history.list() == [], "no run was recorded"
+
+
 def test_what_needs_no_hosts_works_with_no_inventory_named(clean_env: Path) -> None:
     forja = Forja(history=History(clean_env / "h.sqlite"))
     assert forja.runs() == []

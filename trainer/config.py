@@ -356,6 +356,26 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     return key.strip().split("."), yaml.safe_load(value) if value != "" else ""
 
 
+def _read_yaml(file: Path) -> Any:
+    """The file's YAML, or a ConfigError that names the file, the line and the column (PyYAML's own
+    marks name the file when it reads from the file, "<unicode string>" when it reads a string)."""
+    data = file.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise ConfigError([f"(config): {file} is not UTF-8 text: byte {data[exc.start]:#04x} at line {line}, "
+                           f"column {column}; save it as UTF-8"]) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError([f"(config): {file} is not valid YAML{where}: {problem}"]) from None
+
+
 def load(path: str | os.PathLike[str], overrides: list[str] | None = None) -> TrainConfig:
     """Read a YAML config (a path, or a built-in name such as ``digits``), apply --set overrides."""
     file = Path(path)
@@ -366,12 +386,12 @@ def load(path: str | os.PathLike[str], overrides: list[str] | None = None) -> Tr
                 [f"--config: no such file {str(path)!r} (give a YAML path or 'digits'/'mnist')"]
             )
         file = builtin
-    try:
-        raw = yaml.safe_load(file.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError([f"(config): {file} is not valid YAML: {exc}"]) from None
+    raw = _read_yaml(file)
+    if raw is None:
+        raise ConfigError([f"(config): {file} is empty; give the keys to change (model, data, steps...), "
+                           "or the built-in demo by name ('digits')"])
     if not isinstance(raw, dict):
-        raise ConfigError([f"(config): {file} must hold a mapping of keys"])
+        raise ConfigError([f"(config): {file} must hold a mapping of keys, got {type(raw).__name__}"])
     for item in overrides or []:
         keys, value = parse_override(item)
         node = raw

@@ -110,6 +110,27 @@ def test_missing_file_and_bad_set_are_config_errors(tmp_path: Path) -> None:
         load(tmp_path / "bad.yaml")
 
 
+@pytest.mark.parametrize(("content", "expected"), [
+    (b"steps: 10\nlr: [0.1\n", r"bad\.yaml is not valid YAML at line 3, column 1: expected ',' or ']'"),
+    (b"steps: 10\nmodel: caf\xe9\n",
+     r"bad\.yaml is not UTF-8 text: byte 0xe9 at line 2, column 11; save it as UTF-8"),
+    (b"", r"bad\.yaml is empty; give the keys to change"),
+    (b"# only a comment\n", r"bad\.yaml is empty"),
+    (b"- steps: 10\n", r"bad\.yaml must hold a mapping of keys, got list"),
+])
+def test_a_config_file_that_cannot_be_read_names_the_file_and_where(
+    tmp_path: Path, content: bytes, expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=expected) as caught:
+        load(path)
+    assert "<unicode string>" not in str(caught.value)
+    assert main(["train", "--config", str(path), "--out", str(tmp_path / "run")]) == 2  # not 1: no restart
+    assert "Traceback" not in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
 def test_cli_exits_2_and_names_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump({"stpes": 10}))

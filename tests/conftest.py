@@ -100,15 +100,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Order the groups for the workers (longest first), then skip host tests where they cannot run.
 
     xdist hands whole groups to workers in the order the workers collected them: the host tests go
-    first (the host lane, `lane_of`), the sandbox's first of all, so that the long ones do not start
-    last and leave one worker idle at the end.
+    first (the host lane, `lane_of`), so that the long ones do not start last and leave one worker
+    idle at the end; in one host lane the sandbox's come last of them, in two first.
     """
     if os.environ.get("PYTEST_XDIST_WORKER"):
         group = {i.nodeid: lanes.xdist_group_of(i.nodeid) for i in items}
         hosts = {group[i.nodeid] for i in items if "hosts" in i.keywords}
         rank = {g: n for n, g in enumerate(dict.fromkeys(group.values()))}
-        items.sort(key=lambda i: (group[i.nodeid] not in hosts, group[i.nodeid] != "sandbox",
-                                  rank[group[i.nodeid]]))
+        # One host lane: the sandbox's tests last, once the CPU lane is done (the e2e's ssh and sudo
+        # waits timed out when it ran beside other work). Two: first, so each lane starts at once.
+        sandbox_first = lanes.host_lanes() == 2
+        items.sort(key=lambda i: (group[i.nodeid] not in hosts,
+                                  (group[i.nodeid] == "sandbox") != sandbox_first, rank[group[i.nodeid]]))
         _tell_the_controller_the_host_files(items)
     _skip_hosts_where_they_cannot_run(config, items)
 

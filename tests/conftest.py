@@ -56,11 +56,17 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 init_plugin_loader([str(Path(__file__).resolve().parents[1] / "collections")])
 
 
+def _is_host_tier_controller(config: pytest.Config) -> bool:
+    """The xdist controller of a run that may hold host tests: any but `make check` (FORJA_TIER=check,
+    which boots no host: `testhosts.refuse_in_check_tier`)."""
+    return bool(getattr(config.option, "numprocesses", None) and not os.environ.get("PYTEST_XDIST_WORKER")
+                and os.environ.get("FORJA_TIER") != "check")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """The xdist controller of a run that may hold host tests names a file for the workers' list of
     host files (`lane_of`); the workers, started after this, inherit its path."""
-    if (getattr(config.option, "numprocesses", None) and not os.environ.get("PYTEST_XDIST_WORKER")
-            and os.environ.get("FORJA_TIER") != "check"):
+    if _is_host_tier_controller(config):
         lanes.host_lanes()  # a bad HOST_LANES is said before any worker starts
         handle, path = tempfile.mkstemp(prefix="forja-host-files-")
         os.close(handle)
@@ -79,11 +85,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class GroupScheduling(LoadScopeScheduling):
         host_files: frozenset[str] | None = None
+        host_lanes = lanes.host_lanes()
 
         def _split_scope(self, nodeid: str) -> str:
-            if self.host_files is None:
+            if self.host_files is None:  # read once: every worker has collected by the first call
                 self.host_files = lanes.host_files()
-            return lanes.lane_of(nodeid, self.host_files, lanes.host_lanes())
+            return lanes.lane_of(nodeid, self.host_files, self.host_lanes)
 
     return GroupScheduling(config, log)
 
@@ -174,10 +181,8 @@ def _hold_the_test_hosts(config: pytest.Config) -> None:
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Under xdist the controller collects nothing: it takes the hosts' lock for its workers, unless
     the run is `make check` (FORJA_TIER=check, which boots no host: `testhosts.refuse_in_check_tier`)."""
-    config = session.config
-    if (getattr(config.option, "numprocesses", None) and not os.environ.get("PYTEST_XDIST_WORKER")
-            and os.environ.get("FORJA_TIER") != "check"):
-        _hold_the_test_hosts(config)
+    if _is_host_tier_controller(session.config):
+        _hold_the_test_hosts(session.config)
 
 
 @pytest.fixture(scope="session")

@@ -357,8 +357,8 @@ def parse_override(item: str) -> tuple[list[str], Any]:
 
 
 def _read_yaml(file: Path) -> Any:
-    """The file's YAML, or a ConfigError that names the file, the line and the column (PyYAML's own
-    marks name the file when it reads from the file, "<unicode string>" when it reads a string)."""
+    """The file's YAML, or a ConfigError that names the file, the line and the column itself (PyYAML's
+    own message says "<unicode string>" for text it was handed)."""
     data = file.read_bytes()
     try:
         text = data.decode("utf-8")

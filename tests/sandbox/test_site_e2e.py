@@ -501,15 +501,6 @@ def test_each_ssh_path_reaches_the_vm_and_a_path_the_rules_refuse_is_named(
     assert _on_host(vm, "echo through-iap").strip() == "through-iap"
 
 
-def _wait_for_the_old_key(vm: dict[str, Any]) -> None:
-    """The run's own key logs in again once `forja up` put it back: the guest agent applies metadata
-    on its own poll, after `forja up` returned (once, under load, the first try came before it)."""
-    deadline = time.monotonic() + 60
-    while _on_host(vm, "echo old").strip() != "old":
-        assert time.monotonic() < deadline, "the old key does not log in a minute after it came back"
-        time.sleep(1)
-
-
 def test_a_new_key_in_metadata_grants_access_and_the_old_one_loses_it(
     first_run: subprocess.CompletedProcess[str], tmp_path: Path,
 ) -> None:
@@ -530,7 +521,9 @@ def test_a_new_key_in_metadata_grants_access_and_the_old_one_loses_it(
     finally:
         back = _forja(*SPOT, "up")
     assert back.returncode == 0, back.stdout[-2000:] + back.stderr[-2000:]
-    _wait_for_the_old_key(vm)
+    # the guest agent applies metadata on its own poll, after `forja up` returned (once, under load,
+    # the first try came before it)
+    _wait_for(lambda: _on_host(vm, "echo old").strip() == "old", "the old key logging in again", 60)
 
 
 def test_os_login_reaches_the_vm_as_the_profiles_user(first_run: subprocess.CompletedProcess[str]) -> None:
@@ -555,7 +548,9 @@ def test_os_login_reaches_the_vm_as_the_profiles_user(first_run: subprocess.Comp
     finally:
         back = _forja(*SPOT, "up")
     assert back.returncode == 0, back.stdout[-2000:] + back.stderr[-2000:]
-    _wait_for_the_old_key(vm)
+    # the guest agent applies metadata on its own poll, after `forja up` returned (once, under load,
+    # the first try came before it)
+    _wait_for(lambda: _on_host(vm, "echo old").strip() == "old", "the old key logging in again", 60)
 
 
 #: Runs one playbook of the tree FORJA_ROOT names through forja's runner; prints what was published

@@ -32,7 +32,7 @@ from forja.runner import forja_home
 from trainer.summary import Summary
 
 #: Statuses a run can have. "running" until the play (or a later status/fetch) says otherwise.
-STATUSES = ("running", "completed", "preempted", "failed", "cancelled", "stopped", "unknown")
+STATUSES = ("running", "completed", "preempted", "diverged", "failed", "cancelled", "stopped", "unknown")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (

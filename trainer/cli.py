@@ -58,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("run", help="the run folder (out_dir)")
     export.add_argument("--out", help="the model folder to write (default: RUN/model)")
     export.add_argument(
+        "--step", type=int, help="export the checkpoint of this step (e.g. from before a divergence)"
+    )
+    export.add_argument(
         "--bucket", help="also upload to gs://BUCKET/PREFIX/<run>/model/ (default: $FORJA_CHECKPOINT_BUCKET)"
     )
     return parser
@@ -101,13 +104,14 @@ def _run(args: argparse.Namespace) -> int:
 
     config = load(args.config, args.overrides)
     if args.command == "train":
+        from trainer.finite import dumps
         from trainer.metrics import process_started_monotonic
         from trainer.summary import HEADLINE
         from trainer.train import train
 
         result = train(config, args.out, started_at=process_started_monotonic())
         if result.summary:
-            print(json.dumps({k: result.summary.get(k) for k in HEADLINE}), flush=True)
+            print(dumps({k: result.summary.get(k) for k in HEADLINE}), flush=True)
         return result.exit_code
     if args.command == "find-batch":
         from trainer.batch_finder import find_batch, format_result
@@ -153,7 +157,7 @@ def _export(args: argparse.Namespace) -> int:
     from trainer.mirror import bucket_url
 
     try:
-        exported = export_run(args.run, args.out)
+        exported = export_run(args.run, args.out, args.step)
     except ExportError as exc:  # a missing run, no checkpoint: the user's to fix, exit 2
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return BAD_CONFIG

@@ -116,6 +116,18 @@ class TrainConfig(BaseModel):
     )
     grad_clip: float = Field(1.0, ge=0.0, description="Max global grad norm; 0 turns clipping off.")
 
+    # Divergence (trainer.divergence): a run whose loss turns NaN, infinite or too large stops as
+    # "diverged" (exit 7, not restarted) instead of burning GPU hours and exporting a broken model.
+    check_finite_every_steps: int = Field(
+        1, gt=0, description="Judge the loss every N steps (a host sync each); 1 stops at the first bad step."
+    )
+    skip_nonfinite: int = Field(
+        0, ge=0, description="NaN/Inf-loss steps skipped (no update) before the run counts as diverged."
+    )
+    divergence_loss_bound: float | None = Field(
+        None, gt=0.0, description="A finite loss above this also counts as diverged; null: only NaN/Inf."
+    )
+
     # Speed
     precision: Precision = Field(
         "auto", description="auto: bf16 where fast, else fp16+GradScaler, else fp32."

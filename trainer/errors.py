@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from trainer import exit_codes
 from trainer.checkpoint import NoValidCheckpoint
 from trainer.config import ConfigError
+from trainer.divergence import Diverged
 
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
@@ -74,6 +75,8 @@ def exit_code_for(exc: BaseException) -> int:
         return exit_codes.USER_ERROR
     if isinstance(exc, NoValidCheckpoint):
         return exit_codes.NO_VALID_CHECKPOINT
+    if isinstance(exc, Diverged):
+        return exit_codes.DIVERGED
     return exit_codes.FAILED
 
 

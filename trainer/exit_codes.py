@@ -21,10 +21,13 @@ USER_ERROR = 4
 NO_VALID_CHECKPOINT = 5
 #: The disk is full: nothing can be saved until space is freed.
 DISK_FULL = 6
+#: The loss became NaN, infinite or larger than ``divergence_loss_bound``: the same weights and
+#: data would diverge again, so a restart cannot help (lower the LR, or resume an earlier checkpoint).
+DIVERGED = 7
 #: Another run holds the output folder's lock (set by the launcher, not the trainer).
 LOCKED = 75
 
-NO_RESTART: tuple[int, ...] = (BAD_CONFIG, USER_ERROR, NO_VALID_CHECKPOINT, DISK_FULL, LOCKED)
+NO_RESTART: tuple[int, ...] = (BAD_CONFIG, USER_ERROR, NO_VALID_CHECKPOINT, DISK_FULL, DIVERGED, LOCKED)
 
 #: What each code means, for people (forja's status, the role's failure message).
 MEANING: dict[int, str] = {
@@ -35,5 +38,6 @@ MEANING: dict[int, str] = {
     USER_ERROR: "the user's code or data raised an error; a restart cannot fix it",
     NO_VALID_CHECKPOINT: "no checkpoint passed verification",
     DISK_FULL: "the disk is full",
+    DIVERGED: "the loss diverged (NaN, infinite or over divergence_loss_bound); a restart cannot fix it",
     LOCKED: "another run holds the output folder",
 }

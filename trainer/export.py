@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trainer
+from trainer.finite import describe_tensors, nonfinite_tensors
 from trainer.gcs import storage_client
 
 if TYPE_CHECKING:  # torch is imported where tensors are handled: forja reads model.json without it
@@ -65,6 +66,18 @@ FORMAT_VERSION = 1
 
 class ExportError(Exception):
     """An export that cannot be made or a model folder that cannot be loaded; says what and the fix."""
+
+
+class NonFiniteWeights(ExportError):
+    """Weights with NaN or infinite elements: never exported, pushed or loaded (trainer.finite)."""
+
+    def __init__(self, where: str, tensors: list[str]) -> None:
+        self.tensors = tensors
+        super().__init__(
+            f"{where}: {len(tensors)} tensor(s) hold NaN or infinite values ({describe_tensors(tensors)}); "
+            "the run diverged. Export a checkpoint from before the divergence with `python -m trainer export "
+            "RUN_DIR --step N` (the run's summary.json names it), or train again with a lower lr"
+        )
 
 
 @dataclass(frozen=True)
@@ -176,6 +189,9 @@ def export_state(
     if not config.get("model"):
         raise ExportError("the run's config names no model (model: package.module:factory)")
     tensors, tied = flatten_state(state)
+    bad = [name for name, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise NonFiniteWeights(f"the model of step {step}", bad)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / CONFIG).unlink(missing_ok=True)  # from here on the folder is incomplete until the end
     weights = folder / WEIGHTS
@@ -211,13 +227,16 @@ def export_state(
     return Exported(folder, info)
 
 
-def export_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None) -> Exported:
-    """Export the newest checkpoint of ``run_dir`` that verifies into ``out`` (default ``run_dir/model``).
+def export_run(
+    run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, step: int | None = None
+) -> Exported:
+    """Export the newest checkpoint of ``run_dir`` that verifies (or the one of ``step``: an earlier
+    one, from before a divergence) into ``out`` (default ``run_dir/model``).
 
     Nothing is set aside: a checkpoint that fails verification is skipped, not renamed (a
     running trainer may own the folder).
     """
-    from trainer.checkpoint import CheckpointManager
+    from trainer.checkpoint import CheckpointManager, CorruptCheckpoint, Found, load_checkpoint
 
     run = Path(os.path.expanduser(str(run_dir))).resolve()
     if not run.is_dir():
@@ -228,7 +247,17 @@ def export_run(run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | No
             f"run folder {run} has no checkpoint to export (none in {ckpts.folder}); train it first, "
             "or fetch its checkpoints (forja fetch RUN --checkpoints)"
         )
-    found = ckpts.load_latest(quarantine=False)
+    if step is not None:
+        path = ckpts.path_for(step)
+        if not path.is_file():
+            have = ", ".join(p.name for p in ckpts.list())
+            raise ExportError(f"step {step}: no {path.name} in {ckpts.folder} (there are: {have})")
+        try:
+            found: Found | None = Found(path, load_checkpoint(path), [])
+        except CorruptCheckpoint as exc:
+            raise ExportError(f"{path.name} does not verify ({exc}); choose another step") from None
+    else:
+        found = ckpts.load_latest(quarantine=False)
     if found is None:
         raise ExportError(f"no checkpoint in {ckpts.folder} verifies; nothing to export")
     state = found.state
@@ -277,6 +306,9 @@ def verify(folder: str | os.PathLike[str]) -> dict[str, Any]:
             f"{weights}: sha256 {actual[:12]}... is not model.json's {str(info.get('sha256'))[:12]}... "
             "(changed or truncated after the export; export or download it again)"
         )
+    bad = nonfinite_tensors(weights)
+    if bad:
+        raise NonFiniteWeights(str(weights), bad)
     return info
 
 
@@ -382,6 +414,8 @@ def export_at_end(
             record["bucket"] = upload_model(exported.folder, bucket, run)
     except Exception as exc:
         record["error"] = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, NonFiniteWeights):
+            record["nonfinite_tensors"] = exc.tensors
         log.warning("model export failed (%s); `python -m trainer export %s` tries again",
                     record["error"], out)  # fmt: skip
     record["seconds"] = round(time.monotonic() - started, 3)

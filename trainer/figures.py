@@ -30,6 +30,8 @@ def as_number(value: float | int | None) -> float | None:
 
 def loss(value: float | None) -> str:
     """A loss (or any model metric) to 4 significant digits, trailing zeros kept: `0.3120`, `0.008180`."""
+    if isinstance(value, float) and math.isnan(value):
+        return "nan"  # a diverged step: said, not shown as a missing figure
     number = as_number(value)
     if number is None:
         return MISSING

@@ -23,6 +23,7 @@ from trainer import metrics
 from trainer.checkpoint import CheckpointManager
 from trainer.config import TrainConfig
 from trainer.data import BatchPlan, ResumableSampler, StreamPosition
+from trainer.divergence import Judge
 from trainer.live import LiveMetrics
 from trainer.mirror import CheckpointMirror
 from trainer.optim import Schedule
@@ -115,6 +116,8 @@ class LoopState:
     iterator: Iterator[Any] | None = None  # None: start (or restart) the epoch's iterator at the position
     oom_fallbacks: list[dict[str, int]] = field(default_factory=list)
     status: str = "completed"
+    judge: Judge = field(default_factory=Judge)  # the loss's verdicts (trainer.divergence)
+    divergence: dict[str, Any] | None = None  # set when the run diverged
     last_saved: int = -1
     final_loss: float | None = None
     eval_result: dict[str, float] = field(default_factory=dict)

@@ -18,7 +18,7 @@ from typing import Any
 import psutil
 import torch
 
-from trainer import figures
+from trainer import figures, finite
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class JsonLines:
         self._handle = open(path, "a", buffering=1)  # noqa: SIM115 - kept open for the whole run
 
     def write(self, record: dict[str, Any]) -> None:
-        self._handle.write(json.dumps(record, separators=(",", ":")) + "\n")
+        self._handle.write(finite.dumps(record, separators=(",", ":")) + "\n")
 
     def close(self) -> None:
         self._handle.close()
@@ -78,7 +78,7 @@ def truncate_after(path: Path, step: int) -> dict[str, Any] | None:
         return None
     kept = [r for r in records if int(r.get("step", 0)) <= step]
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in kept))
+    tmp.write_text("".join(finite.dumps(r, separators=(",", ":")) + "\n" for r in kept))
     tmp.replace(path)
     return records[-1]
 

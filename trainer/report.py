@@ -13,6 +13,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from trainer import finite
 from trainer.metrics import read_jsonl
 from trainer.summary import Summary
 
@@ -23,7 +24,7 @@ def write_summary(run: Path, summary: dict[str, Any]) -> Path:
     """summary.json, replaced atomically (a reader never sees half a file)."""
     path = run / "summary.json"
     tmp = path.with_name(f"summary.json.tmp.{os.getpid()}")
-    tmp.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    tmp.write_text(finite.dumps(summary, indent=2, sort_keys=True) + "\n")
     tmp.replace(path)
     return path
 

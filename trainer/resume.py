@@ -48,6 +48,9 @@ SAFE_KEYS: dict[str, str] = {
     "render_plots": "",
     "export_model": "",
     "ddp_timeout_s": "",
+    "check_finite_every_steps": "",
+    "skip_nonfinite": "",
+    "divergence_loss_bound": "",
     "allow_fresh_start": "",
     "allow_config_change": "",
 }

@@ -83,11 +83,13 @@ from trainer.checkpoint import (
     verify_checkpoint,
 )
 from trainer.config import ConfigError
+from trainer.divergence import Diverged, Judge, good_checkpoint
 from trainer.errors import UserCodeError
 from trainer.exit_codes import (
     BAD_CONFIG,
     COMPLETED,
     DISK_FULL,
+    DIVERGED,
     FAILED,
     NO_VALID_CHECKPOINT,
     PREEMPTED,
@@ -106,11 +108,13 @@ __all__ = [
     "BAD_CONFIG",
     "COMPLETED",
     "DISK_FULL",
+    "DIVERGED",
     "FAILED",
     "NO_VALID_CHECKPOINT",
     "PREEMPTED",
     "USER_ERROR",
     "Contract",
+    "Diverged",
     "Run",
     "UserCodeError",
     "contract",
@@ -269,6 +273,7 @@ class Run:
         allow_fresh_start: bool = False,
         checkpoint_bucket: str | None = None,
         upload_wait_s: float = 120.0,
+        divergence_loss_bound: float | None = None,
     ) -> None:
         env = dict(os.environ)
         if run_dir is not None:
@@ -290,6 +295,9 @@ class Run:
         self.step = 0
         self.status = "running"
         self.final_loss: float | None = None
+        #: Judges every logged loss (trainer.divergence): NaN, Inf or over the bound raises Diverged.
+        self.judge = Judge(bound=divergence_loss_bound)
+        self.divergence: dict[str, Any] | None = None
         self._state: dict[str, Any] | None = None
         self._stop = StopRequest()
         self._stopped_by: str | None = None
@@ -316,8 +324,9 @@ class Run:
 
     @property
     def exit_code(self) -> int:
-        """0 completed, 3 preempted after a clean save (systemd restarts it; the next start resumes)."""
-        return {"completed": COMPLETED, "preempted": PREEMPTED}.get(self.status, FAILED)
+        """0 completed, 3 preempted after a clean save (systemd restarts it; the next start resumes),
+        7 diverged (not restarted)."""
+        return {"completed": COMPLETED, "preempted": PREEMPTED, "diverged": DIVERGED}.get(self.status, FAILED)
 
     # -- session
     def __enter__(self) -> Run:
@@ -416,11 +425,22 @@ class Run:
         mean_over_ranks: bool = False,
         **extra: float | int | str | None,
     ) -> None:
-        """One metrics line; ``samples``: samples processed by all ranks since the previous log line."""
+        """One metrics line; ``samples``: samples processed by all ranks since the previous log line.
+
+        A loss that is NaN, infinite or above ``divergence_loss_bound`` raises :class:`Diverged` after
+        its line is written: leaving the ``with`` block ends the run as "diverged" (exit 7, not
+        restarted), naming the step, the last finite loss and the newest checkpoint before it. Under
+        several processes, log with ``mean_over_ranks=True`` so that every rank stops together.
+        """
         if mean_over_ranks:
             loss = distributed.sum_over_ranks(self.world, [float(loss)])[0] / self.world.size
         self.step, self.final_loss = step, float(loss)
+        if self.judge.judge(step, float(loss)) == "diverged":
+            good = good_checkpoint(self.checkpoints.list(), self.judge.last_finite_step)
+            self.divergence = self.judge.record(step, float(loss), good)
         if self._metrics is None:
+            if self.divergence is not None:
+                raise Diverged(self.divergence)
             return
         now = time.perf_counter()
         since, since_step = self._window
@@ -447,6 +467,9 @@ class Run:
         self._window = (now, step)
         if self.total_steps and lr is not None and samples is not None:
             print(metrics.progress_line(record, self.total_steps, None), flush=True)
+        if self.divergence is not None:
+            self.event("diverged", **self.divergence)
+            raise Diverged(self.divergence)
 
     def should_stop(self) -> bool:
         """True on every rank once any rank got SIGTERM/SIGINT: save, then leave the loop."""
@@ -484,7 +507,9 @@ class Run:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self._stop.__exit__(exc_type, exc, tb)
-        if exc is not None:
+        if isinstance(exc, Diverged):
+            self.status = "diverged"
+        elif exc is not None:
             self.status = "failed"
         elif self._stopped_by is not None:
             self.status = "preempted"
@@ -528,7 +553,7 @@ class Run:
         for handle in (self._metrics, self._events):
             if handle is not None:
                 handle.close()
-        if exc is not None:
+        if exc is not None and not isinstance(exc, Diverged):
             record_failure(self.run_dir, exc)
             return
         past = history(self.run_dir / "events.jsonl")
@@ -548,6 +573,8 @@ class Run:
             world_size=self.world.size,
             script=sys.argv[0],
             exit_code=self.exit_code,
+            error=str(exc) if exc is not None else None,
+            divergence=self.divergence,
             time=time.time(),
         )
         write_summary(self.run_dir, summary.to_dict())

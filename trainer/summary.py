@@ -22,7 +22,7 @@ from typing import Any
 class Summary:
     """One run folder's summary.json, field by field (the order is the order people read it in)."""
 
-    #: "completed", "preempted" or "failed" ("running" only in a user's loop that has not ended).
+    #: "completed", "preempted", "diverged" or "failed" ("running" only in a user's loop that has not ended).
     status: str
     #: Optimizer steps done, and how many the run has in all.
     steps: int | None = None
@@ -61,6 +61,9 @@ class Summary:
     #: Why a failed run failed, and the process's exit code (trainer.exit_codes).
     error: str | None = None
     exit_code: int | None = None
+    #: A diverged run: the step, why, the last finite loss and the newest checkpoint before it
+    #: (trainer.divergence.Judge.record).
+    divergence: dict[str, Any] | None = None
     #: Filled by ``report`` from metrics.jsonl, with the plots it drew.
     median_samples_per_s: float | None = None
     median_data_wait_fraction: float | None = None

@@ -3,8 +3,9 @@
 Order of a run (``_train``): resolve the config for this machine -> find the batch if asked -> build
 model and optimizer -> resume from the newest valid checkpoint -> loop. Inside the loop, after each
 optimizer step, one tiny all-reduce makes every rank agree on "stop now" (SIGTERM) and "checkpoint
-now" (timer); logging, evaluation and checkpoints are gated by intervals. Nothing in the loop syncs
-the GPU except at log steps.
+now" (timer); logging, evaluation and checkpoints are gated by intervals. Before the optimizer
+step, the loss is judged (trainer.divergence: NaN, Inf or over a bound stops the run as "diverged").
+Nothing in the loop syncs the GPU except that check (every ``check_finite_every_steps``) and log steps.
 
 The loop fits on one screen: each part of a step is a named function below ``_train`` that takes
 the session's parts and the loop's state explicitly (:mod:`trainer.loop_state`), never a closure.
@@ -30,7 +31,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import trainer
-from trainer import distributed, exit_codes, live, metrics
+from trainer import distributed, exit_codes, finite, live, metrics
 from trainer import resume as resume_rules
 from trainer.batch_finder import BatchResult, find_batch, free_memory, is_oom, model_fingerprint
 from trainer.batches import correct_count, to_device
@@ -48,6 +49,7 @@ from trainer.data import (
     plan_batches,
     sized_len,
 )
+from trainer.divergence import Judge, Verdict, good_checkpoint, sentence, weights_record
 from trainer.errors import UserCodeError
 from trainer.export import export_at_end
 from trainer.hardware import peak_flops
@@ -64,6 +66,9 @@ log = logging.getLogger(__name__)
 #: Under DDP, the micro-batch an OOM lowered, left in the output folder for the restart (see
 #: write_oom_record): the rank that ran out of memory cannot retry alone, its peers wait in a collective.
 OOM_RECORD = "oom.json"
+#: How a session that ends normally exits, by the status it ends with (trainer.exit_codes).
+EXIT_CODES = {"completed": exit_codes.COMPLETED, "preempted": exit_codes.PREEMPTED,
+              "diverged": exit_codes.DIVERGED}  # fmt: skip
 
 
 @dataclass
@@ -386,6 +391,7 @@ def _train(
         epoch=start.epoch,
         step_in_epoch=start.step_in_epoch,
         oom_fallbacks=oom_fallbacks,
+        judge=Judge(skip_budget=config.skip_nonfinite, bound=config.divergence_loss_bound),
     )
     announce(p, s, found, saved, start, lost_steps, oom_restart)
     if endpoint is not None:
@@ -409,7 +415,10 @@ def _train(
             if loss is None:  # out of memory: handled here, outside the except block that pins the tensors
                 recover_from_oom(p, s)
                 continue
-            lr = optimizer_step(p, s)
+            verdict = judge_loss(p, s, loss)
+            if verdict == "diverged":
+                break
+            lr = optimizer_step(p, s) if verdict == "ok" else skip_batch(p, s)
             epoch_end = advance(p, s)
             if p.live is not None:
                 p.live.progress(s.step)
@@ -436,8 +445,9 @@ def _train(
     if p.mirror is not None:
         finish_uploads(p, s)
     summary = write_run_summary(p, s, loop_s) if world.is_main else {}
-    code = exit_codes.COMPLETED if s.status == "completed" else exit_codes.PREEMPTED
-    return RunResult(status=s.status, exit_code=code, out_dir=out, summary=summary)
+    if s.divergence is not None and world.is_main:
+        log.error("run %s", sentence(s.divergence))
+    return RunResult(status=s.status, exit_code=EXIT_CODES[s.status], out_dir=out, summary=summary)
 
 
 # -- setup ---------------------------------------------------------------------------------------
@@ -769,6 +779,40 @@ def recover_from_oom(p: Parts, s: LoopState) -> None:
     save_checkpoint(p, s, "oom")
 
 
+def judge_loss(p: Parts, s: LoopState, loss: torch.Tensor | float) -> Verdict:
+    """The step's verdict on its loss, before the optimizer applies it (trainer.divergence): "ok",
+    "skip" (a bad batch within skip_nonfinite) or "diverged" (the loop stops; nothing is saved).
+
+    On the steps checked (check_finite_every_steps) this is a host sync and, under DDP, one tiny
+    all-reduce, so every rank reaches the same verdict on the mean loss.
+    """
+    step = s.step + 1  # the optimizer step this loss would make
+    if not every(p.config.check_finite_every_steps, step):
+        return "ok"
+    world = p.rt.world
+    value = distributed.sum_over_ranks(world, [float(loss)])[0] / world.size
+    verdict = s.judge.judge(step, value)
+    if verdict == "skip":
+        log.warning("step %d: loss is %s; batch skipped (%d of skip_nonfinite %d)",
+                    step, finite.word(value), len(s.judge.skipped), s.judge.skip_budget)  # fmt: skip
+        event(p, s, "skip_nonfinite", step=step, loss=finite.word(value), skipped=len(s.judge.skipped))
+    elif verdict == "diverged":
+        s.status = "diverged"
+        s.final_loss = value
+        s.divergence = s.judge.record(step, value, good_checkpoint(p.ckpts.list(), s.judge.last_finite_step))
+        event(p, s, "diverged", **s.divergence)
+    return verdict
+
+
+def skip_batch(p: Parts, s: LoopState) -> float:
+    """A bad batch skipped: its gradients dropped, no update; the schedule still moves on with the step."""
+    net = p.net
+    lr = net.schedule.set_lr(s.step)
+    net.optimizer.zero_grad(set_to_none=True)
+    net.schedule.step()
+    return lr
+
+
 def optimizer_step(p: Parts, s: LoopState) -> float:
     """Set this step's LR, clip (unscaled) gradients, step and clear them; returns the LR."""
     net, config = p.net, p.config
@@ -823,7 +867,7 @@ def mfu(p: Parts, samples_per_s: float) -> float | None:
 def log_step(p: Parts, s: LoopState, loss: torch.Tensor | float, lr: float) -> None:
     """A metrics.jsonl line and a progress line (rank 0) over the window since the last log step.
 
-    The only host sync of the loop: the loss is averaged over ranks here, not every step.
+    A host sync: the loss is averaged over ranks here (and at the divergence check), not every step.
     """
     world, plan = p.rt.world, s.feed.plan
     loss_mean = distributed.sum_over_ranks(world, [float(loss)])[0] / world.size
@@ -971,6 +1015,11 @@ def export_model(p: Parts, s: LoopState) -> None:
     record = export_at_end(p.out, p.net.raw_model.state_dict(), s.resolved.to_dict(), s.step,
                            ckpt_files[-1].name if ckpt_files else None, url)  # fmt: skip
     event(p, s, "export", **record)
+    if record.get("nonfinite_tensors"):  # a finite loss, but the last update broke the weights
+        s.status = "diverged"
+        good = good_checkpoint(p.ckpts.list(), s.judge.last_finite_step)
+        s.divergence = weights_record(s.step, record["nonfinite_tensors"], good)
+        event(p, s, "diverged", **s.divergence)
 
 
 def finish_uploads(p: Parts, s: LoopState) -> None:
@@ -1029,11 +1078,14 @@ def write_run_summary(p: Parts, s: LoopState, loop_s: float) -> dict[str, Any]:
         flops_per_sample=p.net.flops_per_sample,
         mfu=mfu(p, samples_per_s),
         oom_fallbacks=s.oom_fallbacks,
-        exit_code=exit_codes.COMPLETED if s.status == "completed" else exit_codes.PREEMPTED,
+        exit_code=EXIT_CODES[s.status],
+        error=sentence(s.divergence) if s.divergence is not None else None,
+        divergence=s.divergence,
         time=time.time(),
     ).to_dict()
     write_summary(p.out, summary)
-    if p.config.render_plots:
+    drawn = (p.out / "metrics.jsonl").is_file() and (p.out / "metrics.jsonl").stat().st_size > 0
+    if p.config.render_plots and drawn:  # a run that diverged before its first log step has none
         try:
             render(p.out)
         except Exception as exc:  # plots are insight; a missing matplotlib must not fail a finished run

@@ -46,6 +46,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from forja import errors
 from forja.format import plain
 from forja.ui import views
+from trainer import finite
 
 if TYPE_CHECKING:
     from forja.api import Forja
@@ -193,6 +194,15 @@ class Dashboard:
         return sorted(folder.glob("*.png")) if folder is not None and folder.is_dir() else []
 
 
+class FiniteJSON(JSONResponse):
+    """JSON whose NaN and Inf figures are null plus a ``nonfinite`` flag (trainer.finite), as in the
+    run's own files: Starlette's JSONResponse refuses them, so one run reporting +Inf (an fp16
+    overflow) made /api/live a 500 for every run, and a NaN summary its detail page."""
+
+    def render(self, content: Any) -> bytes:
+        return finite.dumps(content, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
 class TokenGate:
     """Every request needs the token: in the URL once (then a cookie), the cookie, or a header."""
 
@@ -246,23 +256,23 @@ def make_app(board: Dashboard, token: str, *, collect: bool = True) -> Starlette
         return FileResponse(STATIC / "index.html")
 
     async def runs(request: Request) -> Response:
-        return JSONResponse({"runs": await asyncio.to_thread(board.runs)})
+        return FiniteJSON({"runs": await asyncio.to_thread(board.runs)})
 
     async def run(request: Request) -> Response:
         try:
-            return JSONResponse(await asyncio.to_thread(board.run, request.path_params["run_id"]))
+            return FiniteJSON(await asyncio.to_thread(board.run, request.path_params["run_id"]))
         except errors.RunNotFound as exc:
-            return JSONResponse({"error": exc.message}, status_code=404)
+            return FiniteJSON({"error": exc.message}, status_code=404)
 
     async def plot(request: Request) -> Response:
         try:
             record = board.forja.history.get(request.path_params["run_id"])
         except errors.RunNotFound as exc:
-            return JSONResponse({"error": exc.message}, status_code=404)
+            return FiniteJSON({"error": exc.message}, status_code=404)
         by_name = {p.name: p for p in board.plots(record)}  # only files listed: no path from the URL
         found = by_name.get(request.path_params["name"])
         if found is None:
-            return JSONResponse({"error": "no such plot"}, status_code=404)
+            return FiniteJSON({"error": "no such plot"}, status_code=404)
         return FileResponse(found)
 
     async def live(request: Request) -> Response:
@@ -270,10 +280,10 @@ def make_app(board: Dashboard, token: str, *, collect: bool = True) -> Starlette
             since = float(request.query_params.get("since", "0"))
         except ValueError:
             since = 0.0
-        return JSONResponse(board.live(since))
+        return FiniteJSON(board.live(since))
 
     async def vm(request: Request) -> Response:
-        return JSONResponse(await asyncio.to_thread(board.vm))
+        return FiniteJSON(await asyncio.to_thread(board.vm))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

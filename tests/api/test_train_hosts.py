@@ -121,6 +121,26 @@ def test_a_bad_config_fails_with_the_host_the_task_and_the_reason(forja: Forja, 
     assert forja.history.get("bad-config").status == "failed"
 
 
+def test_a_diverged_run_is_named_diverged_is_not_restarted_and_says_where(
+    forja: Forja, workspace: Path
+) -> None:
+    """lr 1e6: the unit's exit 7 is in RestartPreventExitStatus, so systemd leaves it failed (an
+    auto-restart would read as "running" and the wait would go on); the host reports "diverged"."""
+    config = yaml.safe_load(DIGITS.read_text())
+    config["lr"] = 1e6
+    path = workspace / "diverging.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(errors.PlaybookFailed) as info:
+        forja.train(path, name="diverging", poll_s=1)
+    assert info.value.task == "Fail when the run did not complete"
+    assert "run diverging diverged at step " in info.value.detail and "(exit status 7, " in info.value.detail
+    assert "newest checkpoint" in info.value.detail or "no checkpoint before it" in info.value.detail
+    assert forja.history.get("diverging").status == "diverged"
+    (state,) = forja.status("diverging")
+    assert (state.status, state.exit_status, state.restarts) == ("diverged", 7, 0)
+    assert state.summary is not None and state.summary["divergence"]["step"] <= 10
+
+
 def test_cancelling_a_train_raises_cancelled_and_records_it(forja: Forja) -> None:
     def cancel_when_packing(event: ev.Event) -> None:
         if isinstance(event, ev.TaskStarted) and event.task.startswith("Pack the trainer"):

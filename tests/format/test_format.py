@@ -25,7 +25,7 @@ from forja import format as fmt
         (0.0, "0.000"),
         (math.inf, "inf"),
         (None, ""),
-        (math.nan, ""),
+        (math.nan, "nan"),  # a diverged step is said, not shown as a missing figure
     ],
 )
 def test_a_loss_shows_four_significant_digits(value: float | None, shown: str) -> None:

@@ -98,3 +98,20 @@ def digits_from_file(path: str) -> tuple[TensorDataset, TensorDataset]:
     with open(path, "rb") as handle:
         handle.read(1)
     return digits()
+
+
+class BadLossAt:
+    """Cross-entropy, except at the given calls with gradients (training forward passes; the trainer's
+    FLOP count makes one before the first step), where the loss is times ``value`` ("nan", "inf"),
+    its gradient too: the bad batch a diverging run meets. The final evaluation (no gradients) is
+    left alone."""
+
+    def __init__(self, calls: list[int], value: str = "nan") -> None:
+        self.at, self.value, self.calls = set(calls), float(value), 0
+
+    def __call__(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        loss = nn.functional.cross_entropy(output, target)
+        if not torch.is_grad_enabled():
+            return loss
+        self.calls += 1
+        return loss * self.value if self.calls in self.at else loss

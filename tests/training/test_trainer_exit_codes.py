@@ -12,6 +12,7 @@ from pathlib import Path
 import jinja2
 import pytest
 import yaml
+from state_reader import state_reader
 from trainer_helpers import REPO, tiny_digits
 
 from trainer import exit_codes
@@ -111,3 +112,8 @@ def test_a_full_disk_says_so_and_exits_with_its_own_code(
     ckpt_dir = small_disk / "run" / "checkpoints"
     assert not [p for p in ckpt_dir.iterdir() if ".tmp." in p.name], "a failed write leaves no temporary"
     assert next(e["event"] for e in read_jsonl(small_disk / "run" / "events.jsonl")) == "start"
+
+
+def test_the_hosts_state_reader_calls_the_diverged_exit_diverged() -> None:
+    reader = state_reader()
+    assert reader.DIVERGED == exit_codes.DIVERGED  # forja-train-state: a failed unit with it is "diverged"

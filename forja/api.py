@@ -37,7 +37,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from forja import contract, errors, live, runstate
+from forja import contract, errors, live, runstate, trainer_config
 from forja import events as ev
 from forja.history import History, summary_fields
 from forja.inventory import Cluster, InventoryHost
@@ -164,6 +164,7 @@ def _plan_run(
             raise errors.ConfigError("args", "arguments after -- are for your script; give it with --script")
         if config_path is None:
             raise errors.ConfigError("config", "give a trainer config YAML, or your own script with --script")
+        trainer_config.judge(config_path)  # the built-in trainer's own check, before anything is sent
         return _RunPlan(extravars, config_path, config_path)
     if project_dir is None:
         raise errors.ConfigError(
@@ -734,6 +735,9 @@ class Forja:
         if rank0.final:
             fields["ended_at"] = self.history.get(name).ended_at or _now()
         self.history.update(name, **fields)
+        if rank0.status == "diverged" and last.failed_tasks:
+            first = last.failed_tasks[0]
+            raise errors.RunDiverged(first.host, first.task, first.message, playbook=last.playbook)
         last.raise_for_status()
         return TrainResult(name, rank0.status, hosts, summary, artifact, last)
 

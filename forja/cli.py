@@ -48,7 +48,8 @@ from trainer.summary import HEADLINE
 EXIT_CODES_HELP = (
     "Exit codes: 0 ok, 1 a playbook task failed, 2 bad usage or input, 3 a host is unreachable, "
     "4 cancelled, 5 run not found, 6 the VM is stopped (start it with `forja up`), "
-    "7 stopped following a run that goes on (--timeout, Ctrl-C)."
+    "7 stopped following a run that goes on (--timeout, Ctrl-C), "
+    "8 the run diverged (NaN or Inf loss) and was stopped."
 )
 #: What Ctrl-C means to a command that may have started a training run.
 RUN_GOES_ON = ("interrupted; a run already started keeps going on the host "

@@ -22,6 +22,8 @@ class ExitCode(IntEnum):
     STOPPED = 6
     #: `forja train`/`follow` stopped following a run that goes on (--timeout expired, Ctrl-C).
     STILL_RUNNING = 7
+    #: The run diverged (NaN, Inf or over its loss bound) and was stopped: not restarted, nothing exported.
+    DIVERGED = 8
 
 
 class ForjaError(Exception):
@@ -61,6 +63,13 @@ class PlaybookFailed(ForjaError):
         self.playbook = playbook
         #: The module's error code when it gave one (the Compute API's, for the gcp modules).
         self.code = code
+
+
+class RunDiverged(PlaybookFailed):
+    """The followed run stopped as "diverged" (trainer.divergence): a PlaybookFailed of its own exit
+    code, so a script (or a sweep) tells a bad hyperparameter from a broken host."""
+
+    exit_code = ExitCode.DIVERGED
 
 
 class HostUnreachable(ForjaError):

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from forja import errors, module_utils
+from forja import errors, module_utils, trainer_config
 from forja import events as ev
 from forja.cost.spend import parse_time  # RFC 3339, any fraction (Logging writes nine digits)
 
@@ -597,6 +597,7 @@ def train(
     path = Path(config).expanduser().resolve() if config is not None else None
     if path is None or not path.is_file():
         raise errors.ConfigError("config", f"{config} is not a file; give a trainer config YAML")
+    trainer_config.judge(path)
     run_id = name or _new_run_id(path)
     if not RUN_NAME.match(run_id):
         raise errors.ConfigError("name", f"{run_id!r} must be 1-63 letters, digits, '-' or '_'")

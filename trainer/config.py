@@ -193,7 +193,7 @@ class TrainConfig(BaseModel):
     def _bucket_url(cls, value: str | None) -> str | None:
         if not value:
             return None
-        from trainer.mirror import parse_bucket_url  # imports torch: only when a bucket is set
+        from trainer.gcs import parse_bucket_url  # torch-free: forja checks configs on the controller
 
         parse_bucket_url(value)
         return value
@@ -333,6 +333,9 @@ def _describe(err: dict[str, Any]) -> str:
         return f"{key}: {err['msg'].lower()} (got {got!r})"
     if kind in _TYPE_WORDS:
         return f"{key}: must be {_TYPE_WORDS[kind]} (got {got!r})"
+    if kind == "missing" and loc and isinstance(loc[-1], int):  # a list shorter than its fixed length
+        parent = ".".join(str(p) for p in loc[:-1])
+        return f"{parent}: too few items (item {loc[-1] + 1} is missing; betas takes two, e.g. [0.9, 0.999])"
     if kind == "missing":
         return f"{key}: required key is missing (add it)"
     return f"{key}: {err['msg']} (got {got!r})"

@@ -355,7 +355,7 @@ def load_model(
 
 def model_prefix(url: str, run: str) -> tuple[str, str]:
     """(bucket, ``PREFIX/<run>/model/``) for the mirror's ``gs://BUCKET/PREFIX`` and a run name."""
-    from trainer.mirror import parse_bucket_url
+    from trainer.gcs import parse_bucket_url
 
     bucket, base = parse_bucket_url(url)
     if not run or "/" in run:

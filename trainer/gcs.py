@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import random
+import re
 from typing import Any
 
 # Modules that call ``random.<draw>()`` on the module-level generator during requests.
@@ -47,3 +48,20 @@ def storage_client() -> Any:
 
     isolate_library_randomness()
     return storage.Client()
+
+
+# Cloud Storage bucket names: 3-63 characters, lower-case letters, digits, '-', '_' and '.'.
+BUCKET_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
+
+
+def parse_bucket_url(url: str) -> tuple[str, str]:
+    """``gs://BUCKET/PREFIX`` -> (bucket, prefix without slashes); ValueError naming the fix."""
+    if not url.startswith("gs://"):
+        raise ValueError(f"must be gs://BUCKET or gs://BUCKET/PREFIX (got {url!r})")
+    bucket, _, prefix = url[len("gs://") :].partition("/")
+    if not BUCKET_NAME_RE.match(bucket) or ".." in bucket:
+        raise ValueError(
+            f"{bucket!r} is not a Cloud Storage bucket name (3-63 characters: lower-case letters, "
+            f"digits, '-', '_', '.'; got {url!r})"
+        )
+    return bucket, prefix.strip("/")

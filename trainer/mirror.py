@@ -69,7 +69,7 @@ from trainer.checkpoint import (
     fsync_dir,
     verify_checkpoint,
 )
-from trainer.gcs import storage_client
+from trainer.gcs import parse_bucket_url, storage_client
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +95,7 @@ LOG_FILES = ("events.jsonl", "metrics.jsonl")
 #: restored at a start: the session that ends writes its own.
 SUMMARY_FILE = "summary.json"
 MARKER_RE = re.compile(r"^ckpt-(\d+)\.pt" + re.escape(MARKER_SUFFIX) + "$")
-# Cloud Storage bucket names: 3-63 characters, lower-case letters, digits, '-', '_' and '.'.
-BUCKET_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
+
 
 
 class MirrorUnavailable(RuntimeError):
@@ -105,19 +104,6 @@ class MirrorUnavailable(RuntimeError):
     A plain failure (exit 1): the restart tries again, rather than silently starting from step 0
     while the run's progress sits in an unreachable bucket.
     """
-
-
-def parse_bucket_url(url: str) -> tuple[str, str]:
-    """``gs://BUCKET/PREFIX`` -> (bucket, prefix without slashes); ValueError naming the fix."""
-    if not url.startswith("gs://"):
-        raise ValueError(f"must be gs://BUCKET or gs://BUCKET/PREFIX (got {url!r})")
-    bucket, _, prefix = url[len("gs://") :].partition("/")
-    if not BUCKET_NAME_RE.match(bucket) or ".." in bucket:
-        raise ValueError(
-            f"{bucket!r} is not a Cloud Storage bucket name (3-63 characters: lower-case letters, "
-            f"digits, '-', '_', '.'; got {url!r})"
-        )
-    return bucket, prefix.strip("/")
 
 
 def bucket_url(configured: str | None, env: Mapping[str, str] | None = None) -> str | None:

@@ -123,7 +123,7 @@ class BucketSource:
     """``gs://BUCKET/datasets/NAME``: manifest.json, blobs streamed a shard at a time into a cache."""
 
     def __init__(self, url: str, cache: Path) -> None:
-        from trainer.mirror import parse_bucket_url  # one home for the bucket-name rule
+        from trainer.gcs import parse_bucket_url  # one home for the bucket-name rule
 
         self.url = url
         try:

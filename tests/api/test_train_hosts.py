@@ -108,19 +108,6 @@ def test_fetching_again_changes_nothing(forja: Forja, trained: tuple, workspace:
     assert first.changed_tasks and not second.changed_tasks
 
 
-def test_a_bad_config_fails_with_the_host_the_task_and_the_reason(forja: Forja, workspace: Path) -> None:
-    bad = workspace / "bad.yaml"
-    config = yaml.safe_load(DIGITS.read_text())
-    config["no_such_key"] = 1
-    bad.write_text(yaml.safe_dump(config))
-    with pytest.raises(errors.PlaybookFailed) as info:
-        forja.train(bad, name="bad-config", poll_s=1)
-    assert info.value.host == "th6"
-    assert info.value.task == "Fail when the run did not complete"
-    assert "rejected its config" in info.value.detail
-    assert forja.history.get("bad-config").status == "failed"
-
-
 def test_a_diverged_run_is_named_diverged_is_not_restarted_and_says_where(
     forja: Forja, workspace: Path
 ) -> None:
@@ -130,8 +117,9 @@ def test_a_diverged_run_is_named_diverged_is_not_restarted_and_says_where(
     config["lr"] = 1e6
     path = workspace / "diverging.yaml"
     path.write_text(yaml.safe_dump(config))
-    with pytest.raises(errors.PlaybookFailed) as info:
+    with pytest.raises(errors.RunDiverged) as info:
         forja.train(path, name="diverging", poll_s=1)
+    assert info.value.exit_code == errors.ExitCode.DIVERGED == 8
     assert info.value.task == "Fail when the run did not complete"
     assert "run diverging diverged at step " in info.value.detail and "(exit status 7, " in info.value.detail
     assert "newest checkpoint" in info.value.detail or "no checkpoint before it" in info.value.detail

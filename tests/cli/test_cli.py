@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from forja import format as fmt
 from forja.api import Forja
-from forja.cli import app
+from forja.cli import EXIT_CODES_HELP, app
 from forja.errors import ExitCode
 from forja.history import History
 from forja_sandbox import testhosts
@@ -54,6 +54,8 @@ def test_help_lists_every_command_and_the_exit_codes() -> None:
     for command in VERBS:
         assert command in result.output
     assert "Exit codes" in result.output
+    for code in ExitCode:  # each one, said for people
+        assert f" {code.value} " in EXIT_CODES_HELP.replace(",", " "), code
 
 
 @pytest.mark.parametrize("command", sorted(VERBS))

@@ -1228,8 +1228,9 @@ class Forja:
         preemptions and zone moves; each serving run's live metrics as charts (through the tunnel, as
         `forja top` reads them); each run's cost part by part and its final plots; the VMs' state and
         spend. It listens on 127.0.0.1 only and asks for a token, as Jupyter does: a random one per
-        start (or `token`, or $FORJA_UI_TOKEN), in the URL printed once (`say`); the page then keeps it
-        in a cookie. `port` 0 takes any free port; `metrics_urls` replaces the metrics ports' URLs.
+        start (or `token`, or $FORJA_UI_TOKEN), in the URL printed once (`say`); the page then keeps
+        it in the tab (sessionStorage, never a cookie). `port` 0 takes any free port; `metrics_urls`
+        replaces the metrics ports' URLs.
         """
         from forja.ui.server import serve
 

@@ -42,7 +42,8 @@ from typer.core import TyperCommand
 
 from forja import format as fmt
 from forja.api import Forja
-from forja.errors import ExitCode, ForjaError
+from forja.errors import ConfigError, ExitCode, ForjaError
+from forja.token_file import read_private
 from trainer.summary import HEADLINE
 
 EXIT_CODES_HELP = (
@@ -966,18 +967,25 @@ app.add_typer(cli_vertex.vertex_app, name="vertex", help="Runs sent with `forja 
 @verb(Forja.ui, epilog="Ctrl-C stops the dashboard (never a run).")
 def ui(
     ctx: typer.Context,
-    port: Annotated[int, typer.Option("--port", help="Port on 127.0.0.1 (0: any free one).")] = 8877,
-    token: Annotated[
-        str | None, typer.Option("--token", envvar="FORJA_UI_TOKEN", show_default=False,
-                                 help="The token to ask for (default: a new random one each start).")
+    port: Annotated[int, typer.Option("--port", min=0, max=65535,
+                                      help="Port on 127.0.0.1 (0: any free one).")] = 8877,
+    token_file: Annotated[
+        Path | None, typer.Option("--token-file", show_default=False,
+                                  help="A file (mode 600) whose first line is the token to ask for; or set "
+                                       "FORJA_UI_TOKEN. Default: a new random one each start.")
     ] = None,
+    token: Annotated[str | None, typer.Option("--token", hidden=True)] = None,
     metrics_url: Annotated[
         list[str] | None, typer.Option("--metrics-url", help="A run's metrics endpoint to read instead "
                                        "of the tunnel's metrics ports (repeat it).")
     ] = None,
 ) -> None:
+    if token is not None:
+        raise ConfigError("--token", "a token on the command line is visible to every user (ps); "
+                                 "give --token-file PATH (mode 600) or set FORJA_UI_TOKEN")
+    given = read_private(token_file, "--token-file", "the token") if token_file is not None else None
     try:
-        _forja(ctx).ui(port=port, token=token, metrics_urls=metrics_url or None,
+        _forja(ctx).ui(port=port, token=given, metrics_urls=metrics_url or None,
                        say=lambda line: (sys.stdout.write(line + "\n"), sys.stdout.flush()))
     except KeyboardInterrupt:
         console.print("forja ui stopped")

@@ -23,13 +23,13 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from forja import errors
+from forja.token_file import read_private
 from trainer.export import CONFIG, WEIGHTS, ExportError, verify
 
 #: The environment variable huggingface_hub itself reads for the token.
@@ -60,18 +60,7 @@ def read_token(token_file: str | Path | None = None, env: dict[str, str] | None 
     """
     env = dict(os.environ) if env is None else env
     if token_file is not None:
-        path = Path(token_file).expanduser()
-        try:
-            mode = path.stat().st_mode
-            text = path.read_text()
-        except OSError as exc:
-            raise errors.ConfigError("token_file", f"cannot read {path} ({exc.strerror or exc})") from None
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise errors.ConfigError("token_file", f"{path} is readable by others; chmod 600 {path}")
-        token = text.strip().splitlines()[0].strip() if text.strip() else ""
-        if not token:
-            raise errors.ConfigError("token_file", f"{path} is empty; put the Hub token on its first line")
-        return token
+        return read_private(token_file, "token_file", "the Hub token")
     if env.get(TOKEN_ENV, "").strip():
         return env[TOKEN_ENV].strip()
     from huggingface_hub import get_token

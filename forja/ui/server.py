@@ -10,12 +10,12 @@ and the vendored uPlot under ``static/``); it reads four JSON endpoints:
   once a second into a series per run, so a chart survives a reload of the page;
 - ``/api/vm``: the VMs' state and spend (`Forja.cost`), read at most every 30 s (it asks the cloud).
 
-The token: random per start unless given (``--token`` / ``FORJA_UI_TOKEN``), shown once in the URL
-`forja ui` prints. Opening that URL sets an HttpOnly, SameSite=Strict cookie and redirects to the
-same page without the token, so it stays out of the history and the address bar; a request with
-neither the cookie nor the token gets 403. uvicorn's access log is off, so no log line ever holds
-it. The Host header must be 127.0.0.1 or localhost (a web page elsewhere cannot rebind a name to
-this port), and the page may not be framed.
+The token: random per start unless given (``FORJA_UI_TOKEN`` or ``--token-file``, never on the
+command line, where ``ps`` shows it), shown once in the URL `forja ui` prints. The page keeps it in
+the tab's sessionStorage and sends it as a header (see :class:`TokenGate`); an /api request without
+it gets 403. There is no cookie and no redirect. uvicorn's access log is off, so no log line ever
+holds it. The Host header must be 127.0.0.1 or localhost (a web page elsewhere cannot rebind a name
+to this port), and the page may not be framed.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import os
 import secrets
 import socket
 import threading
@@ -31,14 +32,13 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlencode
 
 import uvicorn
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -55,8 +55,6 @@ if TYPE_CHECKING:
 BIND = "127.0.0.1"
 #: Its default port (Jupyter's 8888 and the runs' metrics ports 8890-8899 stay free).
 DEFAULT_PORT = 8877
-#: The cookie that carries the token after the first visit.
-COOKIE = "forja_ui_token"
 #: Environment variable that gives the token instead of a random one.
 TOKEN_ENV = "FORJA_UI_TOKEN"
 STATIC = Path(__file__).with_name("static")
@@ -65,8 +63,8 @@ POINTS = 3600
 #: Seconds between two readings of the VMs (each asks the cloud through the inventory).
 VM_EVERY_S = 30.0
 HEADERS = {
-    "content-security-policy": "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; "
-    "frame-ancestors 'none'",
+    "content-security-policy": "default-src 'self'; img-src 'self' data: blob:; "
+    "style-src 'self' 'unsafe-inline'; frame-ancestors 'none'",
     "x-frame-options": "DENY",
     "referrer-policy": "no-referrer",
     "x-content-type-options": "nosniff",
@@ -204,7 +202,15 @@ class FiniteJSON(JSONResponse):
 
 
 class TokenGate:
-    """Every request needs the token: in the URL once (then a cookie), the cookie, or a header."""
+    """Every request for data needs the token, in an ``Authorization: token T`` header.
+
+    The page and its static files hold no data and are served to anyone who reaches 127.0.0.1: the
+    page takes the token from the URL `forja ui` printed, keeps it in the tab's sessionStorage (only
+    this origin, port included, can read it) and sends it as that header. There is no cookie: a
+    browser sends cookies to every port of 127.0.0.1, so Jupyter through the tunnel, or any other
+    local server, would have received the token (it did, with the token itself as the cookie); and
+    with no redirect, no crafted address (``//evil.example/?token=T``) can send the browser away.
+    """
 
     def __init__(self, app: ASGIApp, token: str) -> None:
         self.app = app
@@ -218,20 +224,11 @@ class TokenGate:
             await self.app(scope, receive, send)
             return
         request = Request(scope)
-        given = request.query_params.get("token")
         response: Response | None = None
-        if given is not None:
-            if self.valid(given):  # set the cookie, and take the token out of the address bar
-                rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
-                target = request.url.path + (f"?{urlencode(rest)}" if rest else "")
-                response = RedirectResponse(target, status_code=303)
-                response.set_cookie(COOKIE, given, httponly=True, samesite="strict", path="/")
-            else:
-                response = PlainTextResponse("wrong token: open the URL `forja ui` printed", status_code=403)
-        else:
+        if request.url.path.startswith("/api/"):
             header = request.headers.get("authorization", "")
-            bearer = header[6:] if header.lower().startswith("token ") else None
-            if not (self.valid(request.cookies.get(COOKIE)) or self.valid(bearer)):
+            given = header[6:] if header.lower().startswith("token ") else None
+            if not self.valid(given):
                 response = PlainTextResponse(
                     "forja ui needs its token: open the URL `forja ui` printed (it has ?token=...)",
                     status_code=403,
@@ -345,7 +342,7 @@ def serve(
 ) -> None:
     """Serve the dashboard until interrupted (Ctrl-C); `say` gets the one URL with the token."""
     sock = listen(port)
-    token = token or secrets.token_urlsafe(24)
+    token = token or os.environ.get(TOKEN_ENV, "").strip() or secrets.token_urlsafe(24)
     board = Dashboard(forja, metrics_urls, interval_s)
     config = uvicorn.Config(make_app(board, token), log_level="warning", access_log=False, lifespan="on")
     say(f"forja ui: http://{BIND}:{sock.getsockname()[1]}/?token={token}")

@@ -9,6 +9,8 @@ screenshots stay in results/ui/ (their paths are printed) for a person to look a
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import os
 import re
@@ -17,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -141,21 +144,30 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
         stop(running)
 
 
-def test_every_request_needs_the_token_and_the_url_token_becomes_a_cookie(dashboard: dict[str, Any]) -> None:
-    base, token = dashboard["base"], dashboard["token"]
-    assert requests.get(base, timeout=5).status_code == 403
-    assert requests.get(base + "api/runs", timeout=5).status_code == 403
-    assert requests.get(base + "?token=wrong", timeout=5).status_code == 403
-    opened = requests.get(f"{base}?token={token}", timeout=5, allow_redirects=False)
-    assert opened.status_code == 303 and opened.headers["location"] == "/"
-    cookie = opened.cookies.get("forja_ui_token")
-    assert cookie == token and "httponly" in opened.headers["set-cookie"].lower()
-    assert "samesite=strict" in opened.headers["set-cookie"].lower()
-    runs = requests.get(base + "api/runs", cookies={"forja_ui_token": token}, timeout=10).json()["runs"]
-    assert {r["run_id"] for r in runs} == {"digits-done", "digits-live"}
-    other_host = requests.get(base + "api/runs", headers={"Host": "attacker.example"}, timeout=5,
-                              cookies={"forja_ui_token": token})  # fmt: skip
-    assert other_host.status_code == 400, "a rebound name is refused"
+@contextlib.contextmanager
+def another_local_server() -> Iterator[tuple[str, list[dict[str, str]]]]:
+    """A second HTTP server on 127.0.0.1 (another port) that records each request's headers."""
+    seen: list[dict[str, str]] = []
+
+    class Recorder(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append({"path": self.path, **dict(self.headers.items())})
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(b"<html><body>another local server</body></html>")
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/", seen
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_it_listens_on_the_loopback_only(dashboard: dict[str, Any]) -> None:
@@ -177,6 +189,8 @@ def test_the_page_shows_the_runs_and_a_running_runs_step_rises_on_screen(dashboa
         page.on("request", lambda request: asked.append(request.url))
         page.goto(f"{dashboard['base']}?token={dashboard['token']}")
         assert "token" not in page.url, "the token leaves the address bar"
+        kept = page.evaluate("() => sessionStorage.getItem('forja-ui-token')")
+        assert kept == dashboard["token"], "the tab keeps the token (this origin, this port only)"
         shows_steps = "() => /^[0-9,]+ \\/ 200,000$/.test(document.getElementById('live-step').textContent)"
         page.wait_for_function(shows_steps, timeout=20_000)
         first = int(page.text_content("#live-step").split("/")[0].replace(",", ""))
@@ -206,8 +220,17 @@ def test_the_page_shows_the_runs_and_a_running_runs_step_rises_on_screen(dashboa
         assert "evaluation" in cost and "total" in cost and "1 preempted, 1 zone moves" in cost
         assert "zone moved" in page.text_content("#events") or "zone_moved" in page.text_content("#events")
         page.screenshot(path=str(finished), full_page=True)
+        assert page.context.cookies() == [], "no cookie: a browser sends cookies to every port of 127.0.0.1"
+        with another_local_server() as (other, seen):
+            page.goto(other)  # Jupyter through the tunnel, or anything else on 127.0.0.1
+            page.wait_for_load_state()
         browser.close()
-    elsewhere = [url for url in asked if not url.startswith(dashboard["base"])]
+    assert seen, "the second server was visited"
+    for headers in seen:
+        assert "cookie" not in {k.lower() for k in headers}, headers
+        assert dashboard["token"] not in json.dumps(headers), "the second server got the token"
+    ours = (dashboard["base"], f"blob:{dashboard['base']}")  # the plots are shown from memory (blob:)
+    elsewhere = [url for url in asked if not url.startswith(ours) and url != other]
     assert asked and not elsewhere, "the page works with no internet: everything comes from forja ui"
     print(f"screenshots: {shot} and {finished}")
     assert shot.stat().st_size > 10_000

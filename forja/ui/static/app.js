@@ -6,10 +6,34 @@
 const LIVE_MS = 1000, RUNS_MS = 5000, VM_MS = 30000;
 const state = { selected: null, chosenByHand: false, runs: [], live: {}, points: {}, since: 0, charts: null, chartRun: null };
 
-async function get(path) {
-  const response = await fetch(path, { credentials: "same-origin", cache: "no-store" });
+// The token: taken from the URL `forja ui` printed, kept in this tab's sessionStorage (which only
+// this origin, port included, can read), sent as a header, and taken out of the address bar. Never
+// a cookie: browsers send cookies to every port of 127.0.0.1, so another local server would get it.
+const TOKEN_KEY = "forja-ui-token";
+const TOKEN = (() => {
+  const url = new URL(window.location.href);
+  const given = url.searchParams.get("token");
+  if (given) {
+    sessionStorage.setItem(TOKEN_KEY, given);
+    url.searchParams.delete("token");
+    history.replaceState(null, "", url.pathname + url.search + url.hash);
+  }
+  return sessionStorage.getItem(TOKEN_KEY);
+})();
+
+async function fetchWithToken(path) {
+  const response = await fetch(path, {
+    headers: TOKEN ? { Authorization: `token ${TOKEN}` } : {}, credentials: "omit", cache: "no-store",
+  });
+  if (response.status === 403) {
+    document.getElementById("updated").textContent = "open the URL `forja ui` printed (it has ?token=...)";
+  }
   if (!response.ok) throw new Error(`${path}: HTTP ${response.status}`);
-  return response.json();
+  return response;
+}
+
+async function get(path) {
+  return (await fetchWithToken(path)).json();
 }
 
 function make(tag, text, cls) {
@@ -156,9 +180,13 @@ async function refreshDetail() {
   }
   for (const plot of detail.plots) {
     const img = make("img");
-    img.src = `/api/runs/${encodeURIComponent(name)}/plots/${encodeURIComponent(plot)}`;
     img.alt = `${name}: ${plot}`;
     plots.appendChild(img);
+    // fetched with the token header, then shown from memory: an <img src> could only carry a cookie
+    fetchWithToken(`/api/runs/${encodeURIComponent(name)}/plots/${encodeURIComponent(plot)}`)
+      .then((response) => response.blob())
+      .then((blob) => { img.src = URL.createObjectURL(blob); })
+      .catch(() => { img.alt = `${plot}: not loaded`; });
   }
 }
 

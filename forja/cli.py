@@ -92,6 +92,10 @@ class Options:
     extravars: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
+#: What Ansible (and Python) accept as a variable name: a key with a space or a newline names nothing.
+VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
 def _parse_extravars(pairs: list[str]) -> dict[str, Any]:
     """`-e key=value` pairs; values are parsed as JSON when they look like JSON, else kept as text."""
     parsed: dict[str, Any] = {}
@@ -99,6 +103,10 @@ def _parse_extravars(pairs: list[str]) -> dict[str, Any]:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise typer.BadParameter(f"{pair!r}: expected KEY=VALUE", param_hint="--extra-var/-e")
+        if not VARIABLE_NAME.match(key):  # Ansible would take it, and no role would ever read it
+            raise typer.BadParameter(
+                f"{key!r} is not a variable name (letters, digits and '_', not starting with a digit; "
+                "e.g. trainer_run_wait_timeout_s=600)", param_hint="--extra-var/-e")
         try:
             parsed[key] = json.loads(value)
         except ValueError:

@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Any
 
-from trainer.exit_codes import COMPLETED
+from trainer.exit_codes import BAD_CONFIG, COMPLETED
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -85,10 +85,15 @@ def _print(data: dict[str, Any], as_json: bool, table: str) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     if args.command == "report":
+        from trainer.finite import dumps
         from trainer.report import render
 
-        summary = render(args.run)
-        print(json.dumps(summary, indent=2, default=str))
+        try:
+            summary = render(args.run)
+        except FileNotFoundError as exc:  # not a run folder: the user's to fix, never a traceback
+            print(f"error: --run {args.run}: {exc}", file=sys.stderr, flush=True)
+            return BAD_CONFIG
+        print(dumps(summary, indent=2, default=str))
         return COMPLETED
     if args.command == "export":
         return _export(args)
@@ -152,7 +157,6 @@ def _export(args: argparse.Namespace) -> int:
     """``export RUN``: the newest verified checkpoint as RUN/model/, then to the bucket when one is set."""
     from pathlib import Path
 
-    from trainer.exit_codes import BAD_CONFIG
     from trainer.export import ExportError, export_run, upload_model
     from trainer.mirror import bucket_url
 

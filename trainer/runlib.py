@@ -569,6 +569,7 @@ class Run:
             resumed_from_step=self.start_step if self.start_step else None,
             lost_steps=past["lost_steps"],
             preemptions=past["preemptions"],
+            restarts=past["restarts"],
             last_checkpoint=ckpts[-1].name if ckpts else None,
             world_size=self.world.size,
             script=sys.argv[0],

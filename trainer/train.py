@@ -245,17 +245,24 @@ def newest_oom_lowering(global_batch: int, *sources: dict[str, Any] | None) -> d
 
 
 def history(events_path: Path) -> dict[str, Any]:
-    """Preemptions and lost steps over all sessions of a run folder, from events.jsonl."""
+    """Preemptions, restarts and lost steps over all sessions of a run folder, from events.jsonl.
+
+    A session's last word is finish, preempt or fail (the bucket mirror's report after it ends
+    nothing). Only a session that ended with ``preempt`` (a SIGTERM with a clean save: a Spot
+    preemption, a maintenance stop, `forja stop`) counts as a preemption; one that crashed (``fail``)
+    or was killed with no last word (SIGKILL, the OOM killer, a power cut) is a restart.
+    """
     sessions: list[list[dict[str, Any]]] = []
     for event in metrics.read_jsonl(events_path):
         if event.get("event") in ("start", "resume") or not sessions:
             sessions.append([])
         sessions[-1].append(event)
-    # A session's last word is finish, preempt or fail; the bucket mirror's report after it ends nothing.
     said = [[e for e in s if e.get("event") != "mirror"] or s for s in sessions[:-1]]
-    interrupted = sum(1 for s in said if s[-1].get("event") not in ("finish",))
+    last_words = [s[-1].get("event") for s in said]
     lost = sum(int(e.get("lost_steps", 0)) for s in sessions for e in s if e.get("event") == "resume")
-    return {"preemptions": interrupted, "lost_steps": lost}
+    return {"preemptions": last_words.count("preempt"),
+            "restarts": sum(1 for word in last_words if word not in ("finish", "preempt")),
+            "lost_steps": lost}  # fmt: skip
 
 
 def train(
@@ -1066,6 +1073,7 @@ def write_run_summary(p: Parts, s: LoopState, loop_s: float) -> dict[str, Any]:
         resumed_from_step=p.resumed_from,
         lost_steps=past["lost_steps"],
         preemptions=past["preemptions"],
+        restarts=past["restarts"],
         last_checkpoint=ckpt_files[-1].name if ckpt_files else None,
         best_checkpoint=ckpt_files[-1].name if ckpt_files else None,
         params=p.net.n_params,

@@ -251,3 +251,10 @@ def test_tunnel_refuses_unequal_ports_because_colab_needs_them_equal(
     result = tunnel(served_th7, tmp_path, "--local-port", "9999")
     assert result.exit_code == ExitCode.USAGE
     assert json.loads(result.stdout)["field"] == "--local-port"
+
+
+@pytest.mark.parametrize("pair", ["a key=1", "key\nwith_newline=1", "1st=1", "=1", "no_equals"])
+def test_an_extra_var_that_names_no_variable_is_refused(home: Path, pair: str) -> None:
+    result = runner.invoke(app, ["-e", pair, "runs"])
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert "--extra-var/-e" in result.output

@@ -83,7 +83,7 @@ def test_report_renders_a_run_folder_and_refreshes_the_summary(
         "throughput.png",
         "utilisation.png",
     ]
-    assert main(["report", "--run", str(tmp_path / "missing")]) == 1
+    assert main(["report", "--run", str(tmp_path / "missing")]) == 2  # the user's to fix, no traceback
 
 
 @pytest.mark.slow

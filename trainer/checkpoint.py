@@ -43,6 +43,10 @@ import torch
 log = logging.getLogger(__name__)
 
 CKPT_RE = re.compile(r"^ckpt-(\d+)\.pt$")
+#: A zip's end-of-central-directory record (torch.save writes a zip), and how far from the end it
+#: can start (22 bytes plus a comment of at most 65,535): a file without it was cut short.
+ZIP_END = b"PK\x05\x06"
+ZIP_TAIL = 22 + 65535
 TMP_MARK = ".tmp."
 CORRUPT_SUFFIX = ".corrupt"
 #: The last bytes of every checkpoint: this marker, 64 hex digits, and a newline. The digits are
@@ -158,23 +162,42 @@ def atomic_save(obj: Any, path: str | os.PathLike[str]) -> str:
     return hexdigest
 
 
-def verify_checkpoint(path: str | os.PathLike[str]) -> bool:
-    """True when the file's footer matches its content; False for a file written without a footer.
+def _without_footer(path: Path, handle: BinaryIO, size: int, allow_legacy: bool) -> bool:
+    """A file with no footer: False (load it unverified) only when legacy checkpoints are allowed.
 
-    Raises :class:`CorruptCheckpoint` when the footer is there and the content does not match it,
-    or the file cannot be read. (Files without a footer predate checksums: they are loaded with a
-    warning, and only a failing ``torch.load`` can reject them.)
+    Otherwise it is never trusted: a stray or foreign ``ckpt-N.pt`` used to be taken for a
+    pre-checksum checkpoint and block a resume while a valid one sat beside it. A file whose zip
+    directory is missing at its end is called truncated; a complete one was written without a
+    checksum (by a trainer from before checksums, or by another program).
+    """
+    handle.seek(max(0, size - ZIP_TAIL))
+    complete = ZIP_END in handle.read(ZIP_TAIL)
+    if not complete:
+        raise CorruptCheckpoint(f"{path.name}: truncated ({size} bytes, its end is missing: the write was "
+                                "cut short or the copy is incomplete)")  # fmt: skip
+    if allow_legacy:
+        return False
+    raise CorruptCheckpoint(
+        f"{path.name}: has no checksum footer (written before checksums existed, or not by forja's "
+        "trainer); set allow_legacy_checkpoints: true to load such files unverified"
+    )
+
+
+def verify_checkpoint(path: str | os.PathLike[str], allow_legacy: bool = False) -> bool:
+    """True when the file's footer matches its content.
+
+    Raises :class:`CorruptCheckpoint` when the content does not match the footer, when the file is
+    truncated or cannot be read, and when it has no footer (unless ``allow_legacy``: then False, and
+    only a failing ``torch.load`` can reject it).
     """
     path = Path(path)
     try:
         size = path.stat().st_size
         with open(path, "rb") as handle:
-            if size < FOOTER_LEN:
-                return False
-            handle.seek(size - FOOTER_LEN)
+            handle.seek(max(0, size - FOOTER_LEN))
             footer = handle.read(FOOTER_LEN)
-            if not footer.startswith(FOOTER_MARK):
-                return False
+            if size < FOOTER_LEN or not footer.startswith(FOOTER_MARK):
+                return _without_footer(path, handle, size, allow_legacy)
             expected = footer[len(FOOTER_MARK) : -1].decode("ascii", "replace")
             body, fd = size - FOOTER_LEN, handle.fileno()
 
@@ -211,10 +234,12 @@ def footer_digest(path: str | os.PathLike[str]) -> str | None:
     return footer[len(FOOTER_MARK) : -1].decode("ascii", "replace")
 
 
-def load_checkpoint(path: str | os.PathLike[str], map_location: str | torch.device = "cpu") -> dict[str, Any]:
+def load_checkpoint(
+    path: str | os.PathLike[str], map_location: str | torch.device = "cpu", allow_legacy: bool = False
+) -> dict[str, Any]:
     """Verify then load one checkpoint (``weights_only=True``); :class:`CorruptCheckpoint` if it fails."""
     path = Path(path)
-    checked = verify_checkpoint(path)
+    checked = verify_checkpoint(path, allow_legacy)
     if not checked:
         log.warning("%s has no checksum (written before checksums existed): loading it unverified", path.name)
     try:
@@ -273,10 +298,18 @@ class CheckpointManager:
     ``step`` and ``model``; a user's own loop may store anything and pass ``required=()``).
     """
 
-    def __init__(self, folder: Path, keep: int = 3, required: tuple[str, ...] = ("step", "model")) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        keep: int = 3,
+        required: tuple[str, ...] = ("step", "model"),
+        allow_legacy: bool = False,
+    ) -> None:
         self.folder = Path(folder)
         self.keep = keep
         self.required = required
+        #: Load files without a checksum footer (from a trainer before checksums) unverified.
+        self.allow_legacy = allow_legacy
 
     def path_for(self, step: int) -> Path:
         return self.folder / f"ckpt-{step}.pt"
@@ -295,12 +328,23 @@ class CheckpointManager:
         return sorted(p for p in self.folder.iterdir() if p.name.endswith(CORRUPT_SUFFIX))
 
     def remove_stale_temporaries(self) -> list[Path]:
-        """Delete ``*.tmp.<pid>`` files a killed writer left behind; return what was removed."""
+        """Delete ``*.tmp.<pid>`` files a killed writer left behind; return what was removed.
+
+        Only a file whose writer's PID is gone: one a live process is still writing stays.
+        """
+        from trainer.folder_lock import pid_alive
+
         if not self.folder.is_dir():
             return []
-        stale = [p for p in self.folder.iterdir() if TMP_MARK in p.name]
-        for path in stale:
+        stale = []
+        for path in self.folder.iterdir():
+            if TMP_MARK not in path.name:
+                continue
+            pid = path.name.rsplit(TMP_MARK, 1)[1]
+            if pid.isdigit() and (int(pid) == os.getpid() or pid_alive(int(pid))):
+                continue
             path.unlink(missing_ok=True)
+            stale.append(path)
         return stale
 
     def save(self, state: dict[str, Any], step: int) -> Path:
@@ -324,7 +368,7 @@ class CheckpointManager:
         skipped: list[Path] = []
         for path in reversed(self.list()):
             try:
-                state = load_checkpoint(path, map_location)
+                state = load_checkpoint(path, map_location, self.allow_legacy)
                 missing = [key for key in self.required if key not in state]
                 if missing:
                     raise CorruptCheckpoint(

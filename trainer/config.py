@@ -165,6 +165,9 @@ class TrainConfig(BaseModel):
     allow_fresh_start: bool = Field(
         False, description="Start again from step 0 when every checkpoint of the run fails verification."
     )
+    allow_legacy_checkpoints: bool = Field(
+        False, description="Load checkpoints without a checksum footer (older trainers) unverified."
+    )
     allow_config_change: bool = Field(
         False, description="Resume even when the model, data or optimisation changed since the checkpoint."
     )

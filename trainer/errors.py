@@ -22,6 +22,7 @@ from trainer import exit_codes
 from trainer.checkpoint import NoValidCheckpoint
 from trainer.config import ConfigError
 from trainer.divergence import Diverged
+from trainer.folder_lock import FolderLocked
 
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
@@ -77,6 +78,8 @@ def exit_code_for(exc: BaseException) -> int:
         return exit_codes.NO_VALID_CHECKPOINT
     if isinstance(exc, Diverged):
         return exit_codes.DIVERGED
+    if isinstance(exc, FolderLocked):
+        return exit_codes.LOCKED
     return exit_codes.FAILED
 
 

@@ -24,7 +24,7 @@ DISK_FULL = 6
 #: The loss became NaN, infinite or larger than ``divergence_loss_bound``: the same weights and
 #: data would diverge again, so a restart cannot help (lower the LR, or resume an earlier checkpoint).
 DIVERGED = 7
-#: Another run holds the output folder's lock (set by the launcher, not the trainer).
+#: Another run holds the output folder's lock (the launcher's, or the trainer's own: trainer.folder_lock).
 LOCKED = 75
 
 NO_RESTART: tuple[int, ...] = (BAD_CONFIG, USER_ERROR, NO_VALID_CHECKPOINT, DISK_FULL, DIVERGED, LOCKED)
@@ -39,5 +39,5 @@ MEANING: dict[int, str] = {
     NO_VALID_CHECKPOINT: "no checkpoint passed verification",
     DISK_FULL: "the disk is full",
     DIVERGED: "the loss diverged (NaN, infinite or over divergence_loss_bound); a restart cannot fix it",
-    LOCKED: "another run holds the output folder",
+    LOCKED: "another run holds the output folder; a restart cannot fix this",
 }

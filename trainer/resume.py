@@ -53,6 +53,7 @@ SAFE_KEYS: dict[str, str] = {
     "divergence_loss_bound": "",
     "allow_fresh_start": "",
     "allow_config_change": "",
+    "allow_legacy_checkpoints": "",
 }
 
 #: How a refused key can be changed anyway, when the generic hint is not enough.

@@ -61,6 +61,7 @@ loaded with ``weights_only=True``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -95,6 +96,7 @@ from trainer.exit_codes import (
     PREEMPTED,
     USER_ERROR,
 )
+from trainer.folder_lock import folder_lock
 from trainer.mirror import (
     BUCKET_ENV,
     PREEMPTED_UPLOAD_WAIT_S,
@@ -300,6 +302,7 @@ class Run:
         self.divergence: dict[str, Any] | None = None
         self._state: dict[str, Any] | None = None
         self._stop = StopRequest()
+        self._lock = contextlib.ExitStack()
         self._stopped_by: str | None = None
         self._metrics: metrics.JsonLines | None = None
         self._events: metrics.JsonLines | None = None
@@ -332,8 +335,11 @@ class Run:
     def __enter__(self) -> Run:
         self._stop.__enter__()
         try:
+            if self.world.is_main:  # one writer per run folder (trainer.folder_lock), released at the end
+                self._lock.enter_context(folder_lock(self.run_dir))
             return self._enter()
         except BaseException:
+            self._lock.close()
             self._stop.__exit__(None, None, None)
             raise
 
@@ -528,6 +534,7 @@ class Run:
             self._finish(exc)
         if self.mirror is not None:  # the logs once more, with the last events (within the same wait)
             self.mirror.close(self.upload_wait_s)
+        self._lock.close()
         if self._world is not None and exc is None:
             distributed.barrier(self._world)  # a rank leaving early must not abort a peer still finishing
 

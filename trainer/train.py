@@ -52,6 +52,7 @@ from trainer.data import (
 from trainer.divergence import Judge, Verdict, good_checkpoint, sentence, weights_record
 from trainer.errors import UserCodeError
 from trainer.export import export_at_end
+from trainer.folder_lock import folder_lock
 from trainer.hardware import peak_flops
 from trainer.loop_state import Feed, LoopState, Net, Parts, Saved, Start
 from trainer.mirror import PREEMPTED_UPLOAD_WAIT_S, CheckpointMirror, MirrorUnavailable, bucket_url
@@ -281,6 +282,14 @@ def train(
     started = time.monotonic() if started_at is None else started_at
     out = Path(os.path.expanduser(str(out_dir if out_dir is not None else config.out_dir))).resolve()
     rt = prepare(config)
+    with folder_lock(out) if rt.world.is_main else contextlib.nullcontext():
+        return _locked_train(rt, out, on_step, started)
+
+
+def _locked_train(rt: Runtime, out: Path, on_step: Callable[[int], None] | None, started: float) -> RunResult:
+    """`train` once rank 0 holds the folder's lock (trainer.folder_lock): a failure note written
+    here is this run's, never another trainer's."""
+    config = rt.config
     mirror = make_mirror(rt, out)
     endpoint = live.start(out, os.environ.get("FORJA_RUN") or out.name, rt.world.is_main)
     ended_well = False
@@ -359,7 +368,8 @@ def _train(
     net = build_net(rt, feed.plan, total_steps)
 
     # -- resume from the newest checkpoint that loads (rank 0 reads, everyone receives)
-    ckpts = CheckpointManager(out / "checkpoints", keep=config.keep_checkpoints)
+    ckpts = CheckpointManager(out / "checkpoints", keep=config.keep_checkpoints,
+                              allow_legacy=config.allow_legacy_checkpoints)  # fmt: skip
     saved = read_checkpoint(rt, out, ckpts, mirror)
     model_code = model_fingerprint(rt.model_fn)
     feed, oom_fallbacks, oom_restart = keep_oom_lowering(rt, feed, saved)

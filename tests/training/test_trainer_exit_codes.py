@@ -15,8 +15,10 @@ import yaml
 from state_reader import state_reader
 from trainer_helpers import REPO, tiny_digits
 
-from trainer import exit_codes
+from trainer import exit_codes, runlib
+from trainer.checkpoint import CheckpointManager
 from trainer.cli import main
+from trainer.folder_lock import folder_lock
 from trainer.metrics import read_jsonl
 
 ROLE = REPO / "roles" / "trainer_run"
@@ -117,3 +119,41 @@ def test_a_full_disk_says_so_and_exits_with_its_own_code(
 def test_the_hosts_state_reader_calls_the_diverged_exit_diverged() -> None:
     reader = state_reader()
     assert reader.DIVERGED == exit_codes.DIVERGED  # forja-train-state: a failed unit with it is "diverged"
+
+
+def test_a_second_trainer_on_a_folder_in_use_exits_75_and_touches_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    raw = tiny_digits(tmp_path, steps=5)
+    out = Path(raw["out_dir"])
+    with folder_lock(out):  # the first trainer (started by hand, without forja's launcher)
+        assert run_cli(tmp_path, raw) == exit_codes.LOCKED
+        assert list(out.iterdir()) == [out / ".trainer.lock"], "nothing written into the other run's folder"
+
+        def own_loop(argv: list[str]) -> int:
+            with runlib.Run(total_steps=5, run_dir=out) as run:
+                run.log(1, loss=1.0)
+            return run.exit_code
+
+        assert runlib.main(own_loop, []) == exit_codes.LOCKED  # a runlib loop takes the same lock
+    err = capsys.readouterr().err
+    assert f"is being written by another trainer (pid {os.getpid()})" in err and "[exit 75: " in err
+    assert run_cli(tmp_path, raw) == exit_codes.COMPLETED  # released: the run goes ahead
+
+
+def test_a_half_written_checkpoint_is_removed_only_when_its_writer_is_gone(tmp_path: Path) -> None:
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    writing = subprocess.Popen(["sleep", "30"])  # a live writer
+    dead_pid = subprocess.Popen(["true"])  # a writer that has ended: its PID is free
+    dead_pid.wait()
+    try:
+        alive = folder / f"ckpt-5.pt.tmp.{writing.pid}"
+        gone = folder / f"ckpt-4.pt.tmp.{dead_pid.pid}"
+        alive.write_bytes(b"being written")
+        gone.write_bytes(b"left by a killed writer")
+        assert CheckpointManager(folder).remove_stale_temporaries() == [gone]
+        assert alive.exists() and not gone.exists()
+    finally:
+        writing.kill()
+        writing.wait()

@@ -66,11 +66,34 @@ def test_a_flipped_newest_checkpoint_is_set_aside_and_the_previous_one_used(tmp_
     assert (tmp_path / "ckpt-20.pt.corrupt").exists(), "a corrupt file is kept for inspection"
 
 
-def test_a_checkpoint_written_before_checksums_still_loads(tmp_path: Path) -> None:
+def test_a_file_without_a_footer_is_trusted_only_with_allow_legacy_checkpoints(tmp_path: Path) -> None:
     path = tmp_path / "ckpt-5.pt"
-    torch.save(state_with_markers(5), path)  # no footer: an older trainer wrote it
-    assert verify_checkpoint(path) is False
-    assert load_checkpoint(path)["step"] == 5
+    torch.save(state_with_markers(5), path)  # no footer: an older trainer wrote it, or another program
+    with pytest.raises(CorruptCheckpoint, match=r"has no checksum footer .* allow_legacy_checkpoints: true"):
+        verify_checkpoint(path)
+    assert verify_checkpoint(path, allow_legacy=True) is False
+    assert load_checkpoint(path, allow_legacy=True)["step"] == 5
+
+
+def test_a_truncated_file_is_called_truncated_with_or_without_its_footer(tmp_path: Path) -> None:
+    path = tmp_path / "ckpt-5.pt"
+    atomic_save(state_with_markers(5), path)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # a copy cut short
+    for allow_legacy in (False, True):
+        with pytest.raises(CorruptCheckpoint, match=r"ckpt-5\.pt: truncated"):
+            verify_checkpoint(path, allow_legacy=allow_legacy)
+
+
+def test_a_stray_foreign_checkpoint_is_set_aside_and_the_run_resumes_from_its_own(tmp_path: Path) -> None:
+    """Before: a foreign ckpt-N.pt was taken for a pre-checksum one, and the resume stopped with exit 2
+    and a list of config 'changes' that never happened, while the run's own checkpoint sat beside it."""
+    raw = tiny_digits(tmp_path, steps=20, checkpoint_every_steps=10)
+    run = Path(raw["out_dir"])
+    assert train(validate(raw)).status == "completed"
+    torch.save({"step": 25, "model": {}, "config": {"lr": 1.0}}, run / "checkpoints" / "ckpt-25.pt")
+    again = train(validate({**raw, "steps": 30}))
+    assert again.status == "completed" and again.summary["resumed_from_step"] == 20
+    assert (run / "checkpoints" / "ckpt-25.pt.corrupt").exists(), "kept for a person to look at"
 
 
 def test_a_run_resumes_from_the_checkpoint_before_a_flipped_one(tmp_path: Path) -> None:

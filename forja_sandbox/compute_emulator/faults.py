@@ -67,6 +67,33 @@ class Fault:
         return status, {"errors": [{"code": self.error, "message": text}]}
 
 
+#: A delay longer than this is a mistake, not a drill (an operation waits for it in full).
+MAX_DELAY_S = 600.0
+
+
+def _check_rule(method: object, status: object, error: object, delay_s: object, times: object,
+                texts: tuple[object, ...]) -> None:  # fmt: skip
+    """Refuse a rule that would break every later request (a status Google never sends, a method
+    that is not a name), naming the keyword: checked when the rule is added, never when it fires."""
+    if not isinstance(method, str) or not method:
+        raise ValueError(f"method: a method id such as 'instances.insert', or '*' (got {method!r})")
+    if status is not None and not (_whole(status) and 400 <= status <= 599):  # type: ignore[operator]
+        raise ValueError(f"status: an HTTP error status from 400 to 599 (got {status!r})")
+    if error is not None and not isinstance(error, str):
+        raise ValueError(f"error: an operation error code, e.g. 'QUOTA_EXCEEDED' (got {error!r})")
+    if isinstance(delay_s, bool) or not isinstance(delay_s, int | float) or not 0 <= delay_s <= MAX_DELAY_S:
+        raise ValueError(f"delay_s: seconds from 0 to {MAX_DELAY_S:g} (got {delay_s!r})")
+    if times is not None and not (_whole(times) and times >= 1):  # type: ignore[operator]
+        raise ValueError(f"times: a count of at least 1, or null for until cleared (got {times!r})")
+    for text in texts:
+        if text is not None and not isinstance(text, str):
+            raise ValueError(f"zone, project, reason and message are text (got {text!r})")
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 class Faults:
     """The active fault rules; thread-safe, consulted by every request."""
 
@@ -87,6 +114,7 @@ class Faults:
         reason: str | None = None,
         message: str | None = None,
     ) -> Fault:
+        _check_rule(method, status, error, delay_s, times, (zone, project, reason, message))
         if status is None and error is None and not delay_s:
             raise ValueError("a fault needs status=, error= or delay_s=")
         fault = Fault(method, status, error, delay_s, zone, project, times, reason, message)

@@ -161,6 +161,8 @@ def _check(value: Any, spec: dict[str, Any], path: str, method_id: str) -> None:
         if not isinstance(value, list):
             raise invalid_field(path, value, "Expected a list.")
         for index, item in enumerate(value):
+            if item is None:  # protobuf's JSON parser refuses it, so Google's front end does
+                raise invalid_field(f"{path}[{index}]", item, "Repeated field elements cannot be null.")
             _check(item, spec.get("items", {}), f"{path}[{index}]", method_id)
     elif kind == "string":
         _check_string(value, spec, path)

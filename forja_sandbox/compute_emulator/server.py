@@ -14,10 +14,11 @@ import sys
 import threading
 import traceback
 from collections import deque
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from ..http_limits import BeyondLimits, BodyRefused, BoundedRequests, parse_json
 from . import oslogin, schema
 from .api import Call
 from .auth import COMPUTE_AUDIENCE, BearerRefused, TokenError
@@ -128,7 +129,7 @@ class RequestLog:
             }
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(BoundedRequests):
     protocol_version = "HTTP/1.1"
     server_version = "forja-compute-emulator/1"
     # Headers and body go out in two writes; with Nagle on, the body waited for the client's
@@ -157,10 +158,12 @@ class _Handler(BaseHTTPRequestHandler):
     # ------------------------------------------------------------------------------------------
     def _handle(self, http_method: str) -> None:
         url = urlsplit(self.path)
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
         headers: dict[str, str] = {}
         try:
+            try:
+                raw = self.read_body()
+            except BodyRefused as refused:
+                raise ApiError(refused.status, refused.message, "badRequest") from None
             if url.path == TOKEN_PATH and http_method == "POST":
                 status, payload = self._token(raw)
             elif url.path == FAULTS_PATH and http_method in ("POST", "DELETE"):
@@ -189,7 +192,9 @@ class _Handler(BaseHTTPRequestHandler):
             faults.clear()
             return 200, {}
         try:
-            rule = json.loads(raw or b"{}")
+            rule = parse_json(raw or b"{}")
+            if not isinstance(rule, dict):
+                raise TypeError(f"the body must be an object of keywords, not a {type(rule).__name__}")
             fault = faults.add(**rule)
         except (ValueError, TypeError) as exc:
             raise ApiError(400, f"Not a fault rule: {exc}", "badRequest") from None
@@ -216,7 +221,9 @@ class _Handler(BaseHTTPRequestHandler):
         body: Any = None
         if raw:
             try:
-                body = json.loads(raw)
+                body = parse_json(raw)
+            except BeyondLimits as exc:
+                raise ApiError(400, f"Invalid JSON payload received. {exc}.", "parseError") from None
             except ValueError:
                 body = raw.decode("utf-8", "replace")
         with emulator.log.lock:
@@ -248,7 +255,7 @@ class _Handler(BaseHTTPRequestHandler):
         with emulator.log.lock:
             emulator.log.requests += 1
         try:
-            body = json.loads(raw) if raw else None
+            body = parse_json(raw) if raw else None
         except ValueError:
             raise ApiError(400, "The body is not JSON.", "parseError") from None
         principal = self._authenticate(oslogin.scopes_for(http_method), oslogin.AUDIENCE)

@@ -13,12 +13,15 @@ import json
 import re
 import socketserver
 import traceback
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from google.cloud.aiplatform_v1.types import CustomJob
+from google.cloud.logging_v2.types import ListLogEntriesRequest
+from google.protobuf import json_format
 
+from ..http_limits import BodyRefused, BoundedRequests, parse_json
 from . import catalog, validation
 from .errors import VertexError
 
@@ -57,7 +60,7 @@ class VertexHTTPServer(ThreadingHTTPServer):
         self.server_port = int(port)
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(BoundedRequests):
     server: VertexHTTPServer
     protocol_version = "HTTP/1.1"
 
@@ -78,10 +81,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _answer(self, verb: str) -> None:
         url = urlsplit(self.path)
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else b""
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         try:
+            try:
+                body = self.read_body()
+            except BodyRefused as refused:
+                raise VertexError(refused.status, refused.message) from None
             code, payload = self._route(verb, unquote(url.path), query, body)
         except VertexError as exc:
             code, payload = exc.code, exc.body()
@@ -101,11 +106,7 @@ class _Handler(BaseHTTPRequestHandler):
         if path == LOG_ENTRIES_LIST:
             if verb != "POST":
                 raise VertexError(405, f"{verb} {path}: entries:list is a POST.", status="INVALID_ARGUMENT")
-            try:
-                request = json.loads(body or b"{}")
-            except ValueError as exc:
-                raise VertexError(400, f"Invalid JSON payload received. {exc}") from None
-            return 200, self.server.emulator.logs.list(request)
+            return 200, self.server.emulator.logs.list(log_request(body))
         collection = _COLLECTION.match(path)
         one = _ONE.match(path)
         match = collection or one
@@ -156,6 +157,17 @@ class _Handler(BaseHTTPRequestHandler):
         if start + size < len(jobs):
             answer["nextPageToken"] = str(start + size)
         return answer
+
+
+def log_request(body: bytes) -> dict[str, Any]:
+    """An entries:list body, read as Google's front end reads it: into the API's own message
+    (google.cloud.logging_v2's ListLogEntriesRequest), so a wrong type is the 400 Logging gives."""
+    try:
+        parse_json(body or b"{}")  # within the emulators' limits first (forja_sandbox/http_limits.py)
+        message = ListLogEntriesRequest.from_json(body or b"{}", ignore_unknown_fields=False)
+    except (ValueError, json_format.ParseError) as exc:
+        raise VertexError(400, f"Invalid JSON payload received. {str(exc).splitlines()[0]}") from None
+    return json.loads(ListLogEntriesRequest.to_json(message))
 
 
 def _json(job: CustomJob, ints: bool) -> dict[str, Any]:

@@ -9,7 +9,6 @@ reported the way Vertex does: ``List of found errors:`` with each field's path.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 from google.cloud.aiplatform_v1.types import CustomJob
 from google.protobuf import json_format
 
+from ..http_limits import parse_json
 from . import catalog
 from .errors import VertexError, bad_payload, found_errors
 
@@ -37,8 +37,8 @@ def parse_custom_job(raw: bytes) -> CustomJob:
     """The body as a CustomJob, or the 400 Google's JSON transcoder answers for it."""
     try:
         text = raw.decode("utf-8")
-        json.loads(text)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        parse_json(raw)  # within the emulators' limits (forja_sandbox/http_limits.py)
+    except ValueError as exc:  # not UTF-8, not JSON, or too deep / too long
         raise bad_payload(f"Unexpected token. ({exc})", BODY_FIELD) from exc
     try:
         return CustomJob.from_json(text, ignore_unknown_fields=False)

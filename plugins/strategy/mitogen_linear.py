@@ -19,6 +19,8 @@ description:
 notes:
   - Opt-in, not forja's default; ansible-core 2.19 warns that strategy plugins outside
     C(ansible.builtin) are deprecated.
+  - For re-runs only. On a first converge, the jupyter_colab role's kernel builds (started with
+    C(async) and C(poll=0)) never finished under it, and the play waited on them.
   - Mitogen builds its own ssh command line; host-key checking follows C(ansible_host_key_checking)
     (the sandbox sets it to false, as it turns it off for the ssh plugin).
 author:
@@ -26,7 +28,7 @@ author:
 """
 
 EXAMPLES = r"""
-# The whole job, or its idempotent re-run, through Mitogen:
+# An idempotent re-run of the whole job through Mitogen (not a first converge: see the notes):
 #   ANSIBLE_STRATEGY=forja.gpu.mitogen_linear ansible-playbook site.yml
 # Or for one play:
 - name: Configure the GPU hosts through Mitogen

@@ -137,3 +137,14 @@ def send(case: Case, port: int, timeout_s: float = 5.0) -> Answer:
     parts = data.split(b"\r\n", 1)[0].split()
     status = int(parts[1]) if len(parts) >= 2 and parts[1].isdigit() else "closed"
     return Answer(case.name, status, seconds)
+
+
+def answered(cases: list[Case], port: int) -> dict[str, int | str]:
+    """Send every case; fail on a 500 (or a status beyond HTTP's) and on any hung handler; return
+    each case's status."""
+    answers = [send(case, port) for case in cases]
+    errors = [a for a in answers if a.status == 500 or (isinstance(a.status, int) and a.status >= 600)]
+    hung = [a for a in answers if a.status == "timeout" or a.seconds > 5]
+    assert not errors, errors
+    assert not hung, hung
+    return {a.case: a.status for a in answers}

@@ -84,7 +84,13 @@ def test_two_vms_become_one_ranked_cluster_and_teardown_removes_it_all(emulator,
     for rank, name in enumerate(["team-0", "team-1"]):
         assert [hostvars[name].get(k) for k in wanted] == ["team", rank, 2, rank0_ip, 29400]
 
-    down = run_playbook(env, source, "playbooks/teardown.yml", *size, "-e", "forja_teardown_delete=true")
+    # Deleting checks only what deleting needs: the site's fallback zones and a lowered cap stay set.
+    creation_only = (
+        "-e", '{"gcp_instance_fallback_zones": ["us-east1-b"]}',
+        "-e", "gcp_instance_max_count=1",
+    )  # fmt: skip
+    down = run_playbook(env, source, "playbooks/teardown.yml", *size, *creation_only,
+                        "-e", "forja_teardown_delete=true")  # fmt: skip
     assert down.returncode == 0, down.stdout[-4000:]
     assert emulator.instances(PROJECT) == []
     assert emulator.api.store.resource_policies.get(PROJECT, {}) == {}

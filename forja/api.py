@@ -561,6 +561,8 @@ class Forja:
 
         inventory.required(self.inventory)  # no hosts named: stop before the history records a run
         self._chosen_cluster()  # nor a cluster the inventory does not have
+        if name is not None:
+            self._refuse_a_completed_name(name)
         self.history.start(
             run_id, name=run_id, config_path=str(plan.record_path), config_hash=_config_hash(plan.record_path)
         )
@@ -604,6 +606,25 @@ class Forja:
         followed = self.follow(run_id, fetch=fetch, checkpoints=checkpoints, timeout_s=limit or 0,
                                poll_s=poll, on_event=on_event, cancel=cancel)
         return dataclasses.replace(followed, playbook_result=result)
+
+    def _refuse_a_completed_name(self, name: str) -> None:
+        """A name is a run's identity on its host (its folder, unit and checkpoints): sending a new
+        run under a completed run's name started nothing (a completed run is never re-run) and
+        reported the old run's results as the new one's, with its events. Refused, naming the run.
+
+        A run that ended otherwise (preempted, stopped, failed, diverged) may be sent again under
+        its name: that resumes it from its newest checkpoint, as the trainer always does.
+        """
+        with contextlib.suppress(errors.RunNotFound):
+            old = self.history.get(name)
+            if old.status == "completed":
+                where = f" on {', '.join(old.hosts)}" if old.hosts else ""
+                when = old.ended_at or old.started_at
+                raise errors.ConfigError(
+                    "name", f"run {name!r} already completed ({when}{where}); a new run needs a new --name "
+                    f"(e.g. {name}-2). Its results stay under its name: forja runs, forja cost --run {name}, "
+                    f"forja fetch {name}",
+                )
 
     def follow(
         self,

@@ -49,6 +49,8 @@ ZIP_END = b"PK\x05\x06"
 ZIP_TAIL = 22 + 65535
 TMP_MARK = ".tmp."
 CORRUPT_SUFFIX = ".corrupt"
+#: Checkpoints saved after a run's last good one, set aside when it diverged (trainer.divergence).
+DIVERGED_SUFFIX = ".diverged"
 #: The last bytes of every checkpoint: this marker, 64 hex digits, and a newline. The digits are
 #: SHA-256 over the concatenated SHA-256 digests of the bytes before the footer, cut in blocks of
 #: ``BLOCK`` bytes (the last one shorter). A zip reader looks for its directory near the end and
@@ -320,6 +322,15 @@ class CheckpointManager:
             return []
         found = [(int(m.group(1)), p) for p in self.folder.iterdir() if (m := CKPT_RE.match(p.name))]
         return [p for _, p in sorted(found)]
+
+    def set_aside_after(self, step: int, suffix: str = DIVERGED_SUFFIX) -> list[str]:
+        """Rename the checkpoints of steps after ``step`` to ``ckpt-N.pt<suffix>`` (kept for a person
+        to look at): the next start resumes from the newest one left. Returns the new names."""
+        moved = []
+        for path in self.list():
+            if int(CKPT_RE.match(path.name).group(1)) > step:  # type: ignore[union-attr]
+                moved.append(path.rename(path.with_name(path.name + suffix)).name)
+        return moved
 
     def corrupt(self) -> list[Path]:
         """Checkpoints set aside by an earlier load (``ckpt-<step>.pt.corrupt``), by name."""

@@ -53,6 +53,12 @@ class Judge:
             return "skip"
         return "diverged"
 
+    def newest_good_step(self, step: int) -> int:
+        """The newest checkpoint step that can still be good when the loss of ``step`` diverged: the
+        one before the last finite loss (the checkpoint of step N holds the weights step N+1's loss
+        used); with no finite loss seen, the one before the checkpoint whose weights gave the bad loss."""
+        return (self.last_finite_step if self.last_finite_step is not None else step - 1) - 1
+
     def record(self, step: int, loss: float, last_checkpoint: str | None) -> dict[str, Any]:
         """What the run's summary and its ``diverged`` event say about the divergence at ``step``."""
         over = math.isfinite(loss)
@@ -65,6 +71,7 @@ class Judge:
             "last_finite_loss": self.last_finite_loss,
             "skipped_steps": list(self.skipped),
             "last_good_checkpoint": last_checkpoint,
+            "set_aside": [],
         }  # fmt: skip
 
 

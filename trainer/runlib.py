@@ -444,6 +444,9 @@ class Run:
         if self.judge.judge(step, float(loss)) == "diverged":
             good = good_checkpoint(self.checkpoints.list(), self.judge.last_finite_step)
             self.divergence = self.judge.record(step, float(loss), good)
+            if self.is_main:
+                newest_good = self.judge.newest_good_step(step)
+                self.divergence["set_aside"] = self.checkpoints.set_aside_after(newest_good)
         if self._metrics is None:
             if self.divergence is not None:
                 raise Diverged(self.divergence)

@@ -817,6 +817,8 @@ def judge_loss(p: Parts, s: LoopState, loss: torch.Tensor | float) -> Verdict:
         s.status = "diverged"
         s.final_loss = value
         s.divergence = s.judge.record(step, value, good_checkpoint(p.ckpts.list(), s.judge.last_finite_step))
+        if p.main:  # a restart (lower lr, allow_config_change) resumes from the good one, not these
+            s.divergence["set_aside"] = p.ckpts.set_aside_after(s.judge.newest_good_step(step))
         event(p, s, "diverged", **s.divergence)
     return verdict
 

@@ -15,6 +15,7 @@ from safetensors.torch import save_file
 from trainer_helpers import tiny_digits
 
 from trainer import exit_codes, finite
+from trainer.checkpoint import CheckpointManager
 from trainer.cli import main
 from trainer.demo import digits_cnn
 from trainer.export import CONFIG, WEIGHTS, NonFiniteWeights, export_state, load_model, sha256_file, verify
@@ -89,6 +90,9 @@ def test_a_diverged_run_names_the_newest_checkpoint_before_it_and_that_step_expo
     assert (divergence["loss"], divergence["last_finite_step"]) == ("inf", step - 1)
     # step N's loss used the weights saved as ckpt-(N-1).pt: the newest checkpoint known good is N-2's
     assert divergence["last_good_checkpoint"] == f"ckpt-{step - 2}.pt"
+    # the newer one is set aside, so a restart (a lower lr, allow_config_change) resumes from the good one
+    assert divergence["set_aside"] == [f"ckpt-{step - 1}.pt.diverged"]
+    assert [p.name for p in CheckpointManager(run / "checkpoints").list()][-1] == f"ckpt-{step - 2}.pt"
     assert main(["export", str(run), "--step", str(step - 2)]) == exit_codes.COMPLETED
     assert verify(run / "model")["checkpoint"] == f"ckpt-{step - 2}.pt"
     assert main(["export", str(run), "--step", "99"]) == exit_codes.BAD_CONFIG

@@ -19,6 +19,7 @@ import pytest
 import torch
 from huggingface_hub import HfApi, hf_hub_download
 from huggingface_hub.errors import HfHubHTTPError
+from safetensors.torch import save_file
 
 from forja import errors
 from forja.api import Forja
@@ -26,7 +27,7 @@ from forja.history import History
 from forja.hub import TOKENS_PAGE, push_model, read_token
 from forja_sandbox.hub_standin import HubStandIn, Token
 from trainer.demo import digits_cnn
-from trainer.export import CONFIG, WEIGHTS, export_state, load_model
+from trainer.export import CONFIG, WEIGHTS, export_state, load_model, load_state, sha256_file
 
 REPO = Path(__file__).resolve().parents[2]
 TOKENS = {
@@ -118,6 +119,20 @@ def test_a_fine_grained_token_without_write_on_an_existing_repo_gets_an_error_na
 def test_an_unknown_token_is_a_401_error_that_says_how_to_get_one(hub: HubStandIn, model_dir: Path) -> None:
     with pytest.raises(errors.ConfigError, match=r"rejected the token \(401"):
         push_model(model_dir, "alice/digits", token="hf_nobody", endpoint=hub.url)
+
+
+def test_a_model_with_nan_weights_is_refused_before_any_request(hub: HubStandIn, model_dir: Path) -> None:
+    """A hand-made model folder: NaN weights with a model.json whose sha256 matches them."""
+    state = load_state(model_dir)
+    name = next(iter(state))
+    state[name] = state[name].clone().fill_(float("nan"))
+    save_file(state, str(model_dir / WEIGHTS))
+    info = json.loads((model_dir / CONFIG).read_text())
+    (model_dir / CONFIG).write_text(json.dumps({**info, "sha256": sha256_file(model_dir / WEIGHTS)}))
+    with pytest.raises(errors.ConfigError, match=f"NaN or infinite values \\({name}\\)") as info_:
+        push_model(model_dir, "alice/digits", token="hf_alice_write", endpoint=hub.url)
+    assert info_.value.field == "model"
+    assert hub.requests == [], "nothing reached the Hub"
 
 
 def test_a_token_file_readable_by_others_is_refused(tmp_path: Path) -> None:

@@ -178,23 +178,12 @@ def test_finite_json_writes_null_with_a_flag_at_every_depth() -> None:
 
 def test_a_users_own_loop_stops_as_diverged_when_it_logs_a_non_finite_loss(tmp_path: Path) -> None:
     """trainer.runlib judges each logged loss with the same judge: Diverged leaves the loop, exit 7."""
+    from test_runlib import short_run
+
     from trainer import runlib
 
-    def script(argv: list[str]) -> int:
-        torch.manual_seed(0)
-        model = torch.nn.Linear(4, 1)
-        opt = torch.optim.SGD(model.parameters(), lr=5.0)  # far too high: the loss explodes
-        with runlib.Run(total_steps=500, run_dir=tmp_path / "own", render_plots=False) as run:
-            for step in range(1, 501):
-                x = torch.randn(8, 4)
-                loss = (model(x).squeeze(-1) - x.sum(-1)).pow(2).mean()
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                run.log(step, loss=loss.item(), lr=5.0, samples=8)
-                if step % 2 == 0:
-                    run.save({"model": model.state_dict()}, step)
-        return run.exit_code
+    def script(argv: list[str]) -> int:  # lr 5: far too high, the loss explodes
+        return short_run(tmp_path / "own", steps=500, lr=5.0, save_every=2, render_plots=False).exit_code
 
     assert runlib.main(script, []) == exit_codes.DIVERGED
     run = tmp_path / "own"

@@ -25,12 +25,21 @@ from trainer.metrics import METRIC_FIELDS, read_jsonl
 from trainer.report import render
 
 
-def short_run(run_dir: Path, steps: int, start_signal_at: int | None = None, **run_args) -> runlib.Run:
-    """A tiny loop in the library's documented shape; SIGTERM to this process at ``start_signal_at``."""
+def short_run(
+    run_dir: Path,
+    steps: int,
+    start_signal_at: int | None = None,
+    lr: float = 0.1,
+    save_every: int = 5,
+    **run_args: object,
+) -> runlib.Run:
+    """A tiny loop in the library's documented shape; SIGTERM to this process at ``start_signal_at``.
+
+    ``lr`` 5 makes it diverge within a few dozen steps (test_divergence.py)."""
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with runlib.Run(total_steps=steps, config={"lr": 0.1}, run_dir=run_dir, **run_args) as run:
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    with runlib.Run(total_steps=steps, config={"lr": lr}, run_dir=run_dir, **run_args) as run:
         state = run.resume()
         if state is not None:
             model.load_state_dict(state["model"])
@@ -41,11 +50,11 @@ def short_run(run_dir: Path, steps: int, start_signal_at: int | None = None, **r
             opt.zero_grad()
             loss.backward()
             opt.step()
-            run.log(step, loss=loss.item(), lr=0.1, samples=8)
+            run.log(step, loss=loss.item(), lr=lr, samples=8)
             if step == start_signal_at:
                 os.kill(os.getpid(), signal.SIGTERM)
             stop = run.should_stop()
-            if stop or step % 5 == 0 or step == steps:
+            if stop or step % save_every == 0 or step == steps:
                 run.save({"model": model.state_dict(), "opt": opt.state_dict()}, step)
             if stop:
                 break

@@ -41,6 +41,7 @@ from rich.table import Table
 from typer.core import TyperCommand
 
 from forja import format as fmt
+from forja import trainer_config
 from forja.api import Forja
 from forja.errors import ConfigError, ExitCode, ForjaError
 from forja.token_file import read_private
@@ -494,6 +495,8 @@ def train(
             backend=backend, vertex=options), timeout, cluster)  # fmt: skip
         return
     if config is not None and script is None and config.is_file():  # bad input: train's own error says it
+        with _errors(ctx, "cancelled"):  # a config the trainer refuses gets its error, and no estimate first
+            trainer_config.judge(config.resolve())
         _show_estimate(ctx, config, cluster)
     if managed:
         with _errors(ctx, RUN_GOES_ON):

@@ -116,6 +116,7 @@ def test_the_command_line_exits_2_and_prints_what_to_fix(tmp_path: Path) -> None
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)  # fmt: skip
     assert done.returncode == 2, done.stdout + done.stderr
     assert "stpes: unknown key (did you mean 'steps'?)" in done.stderr and "nothing was sent" in done.stderr
+    assert "cost estimate" not in done.stdout + done.stderr, "no estimate for a config that is refused"
 
 
 def test_a_good_config_passes_the_check_and_goes_on_to_the_host(ghost: Forja, tmp_path: Path) -> None:

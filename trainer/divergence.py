@@ -59,6 +59,16 @@ class Judge:
         used); with no finite loss seen, the one before the checkpoint whose weights gave the bad loss."""
         return (self.last_finite_step if self.last_finite_step is not None else step - 1) - 1
 
+    def stop(self, step: int, loss: float, checkpoints: Any, main: bool) -> dict[str, Any]:
+        """The divergence record at ``step``, naming the newest good checkpoint; on rank 0 (``main``)
+        the checkpoints after it are set aside, so a restart (a lower lr) resumes from the good one.
+        ``checkpoints`` is the run's trainer.checkpoint.CheckpointManager (the built-in loop's or a
+        runlib loop's): one path for both."""
+        record = self.record(step, loss, good_checkpoint(checkpoints.list(), self.last_finite_step))
+        if main:
+            record["set_aside"] = checkpoints.set_aside_after(self.newest_good_step(step))
+        return record
+
     def record(self, step: int, loss: float, last_checkpoint: str | None) -> dict[str, Any]:
         """What the run's summary and its ``diverged`` event say about the divergence at ``step``."""
         over = math.isfinite(loss)

@@ -52,6 +52,11 @@ def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
                 yield obj
 
 
+def logged_any(path: Path) -> bool:
+    """Whether a JSON-lines file holds at least one object (a run with metrics to draw)."""
+    return any(True for _ in read_jsonl(path))
+
+
 class JsonLines:
     """Append-only JSON-lines file, flushed per line (a killed run keeps what it logged)."""
 

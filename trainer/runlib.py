@@ -84,7 +84,7 @@ from trainer.checkpoint import (
     verify_checkpoint,
 )
 from trainer.config import ConfigError
-from trainer.divergence import Diverged, Judge, good_checkpoint
+from trainer.divergence import Diverged, Judge
 from trainer.errors import UserCodeError
 from trainer.exit_codes import (
     BAD_CONFIG,
@@ -442,11 +442,7 @@ class Run:
             loss = distributed.sum_over_ranks(self.world, [float(loss)])[0] / self.world.size
         self.step, self.final_loss = step, float(loss)
         if self.judge.judge(step, float(loss)) == "diverged":
-            good = good_checkpoint(self.checkpoints.list(), self.judge.last_finite_step)
-            self.divergence = self.judge.record(step, float(loss), good)
-            if self.is_main:
-                newest_good = self.judge.newest_good_step(step)
-                self.divergence["set_aside"] = self.checkpoints.set_aside_after(newest_good)
+            self.divergence = self.judge.stop(step, float(loss), self.checkpoints, self.is_main)
         if self._metrics is None:
             if self.divergence is not None:
                 raise Diverged(self.divergence)
@@ -589,7 +585,7 @@ class Run:
             time=time.time(),
         )
         write_summary(self.run_dir, summary.to_dict())
-        if self.render_plots and any(True for _ in metrics.read_jsonl(self.run_dir / "metrics.jsonl")):
+        if self.render_plots and metrics.logged_any(self.run_dir / "metrics.jsonl"):
             try:
                 render(self.run_dir)
             except Exception as exc:  # plots are insight; a missing matplotlib must not fail a finished run

@@ -816,9 +816,7 @@ def judge_loss(p: Parts, s: LoopState, loss: torch.Tensor | float) -> Verdict:
     elif verdict == "diverged":
         s.status = "diverged"
         s.final_loss = value
-        s.divergence = s.judge.record(step, value, good_checkpoint(p.ckpts.list(), s.judge.last_finite_step))
-        if p.main:  # a restart (lower lr, allow_config_change) resumes from the good one, not these
-            s.divergence["set_aside"] = p.ckpts.set_aside_after(s.judge.newest_good_step(step))
+        s.divergence = s.judge.stop(step, value, p.ckpts, p.main)
         event(p, s, "diverged", **s.divergence)
     return verdict
 
@@ -1104,8 +1102,8 @@ def write_run_summary(p: Parts, s: LoopState, loop_s: float) -> dict[str, Any]:
         time=time.time(),
     ).to_dict()
     write_summary(p.out, summary)
-    drawn = (p.out / "metrics.jsonl").is_file() and (p.out / "metrics.jsonl").stat().st_size > 0
-    if p.config.render_plots and drawn:  # a run that diverged before its first log step has none
+    # a run that diverged before its first log step has no metrics to draw
+    if p.config.render_plots and metrics.logged_any(p.out / "metrics.jsonl"):
         try:
             render(p.out)
         except Exception as exc:  # plots are insight; a missing matplotlib must not fail a finished run

@@ -326,6 +326,12 @@ def up(index: int, release: str | None = None, image: str = "golden", firewall: 
     """
     refuse_in_check_tier(f"booted test host th{index}")
     lower = lowerdirs(image, release, over)
+    booted = base_dir() / "hosts" / f"th{index}" / "lowerdir"
+    if over is not None and booted.exists() and booted.read_text().strip() != lower:
+        # th-up.sh keeps the host's first layers: asking for a layer it lacks would silently
+        # give a host without the converge the caller counts on
+        raise TestHostError(f"th{index} was booted from {booted.read_text().strip()}, not from "
+                            f"{lower}: remove it first (testhosts.down({index}))")
     env = None
     if firewall is not None:
         env = {"TH_NFT_FILE": str(_write_firewall(index, firewall))}

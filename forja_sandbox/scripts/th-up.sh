@@ -92,8 +92,15 @@ setsid systemd-nspawn -D "$R" -M "$NS" --register=no --keep-unit \
    --bind="$TH_BASE/pip-cache:/var/cache/forja-pip" -b --console=passive \
    > "$H/console.log" 2>&1 < /dev/null &
 echo $! > "$H/pid"
+# The leader is the container's PID 1: the child of nspawn that is pid 1 in its own namespace. Right
+# after the start nspawn briefly has a second child (its outer helper), so "a child" is not enough.
 C=
-for _ in $(seq 1 100); do C=$(pgrep -P "$(cat "$H/pid")" || true); [ -n "$C" ] && break; sleep 0.1; done
+for _ in $(seq 1 100); do
+  for c in $(pgrep -P "$(cat "$H/pid")" || true); do
+    [[ "$(grep '^NSpid:' "/proc/$c/status" 2>/dev/null)" =~ [[:space:]]1$ ]] && { C=$c; break 2; }
+  done
+  sleep 0.1
+done
 [ -n "$C" ] || { echo "th-up.sh: $NS did not start, see $H/console.log" >&2; exit 1; }
 echo "$C" > "$H/leader"
 for _ in $(seq 1 100); do   # the bus may not exist yet right after PID 1 starts

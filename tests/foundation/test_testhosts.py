@@ -109,13 +109,15 @@ def test_down_all_cleans_up_after_a_killed_run() -> None:
     own index so that hosts of other runs on this machine are left alone.
     """
     testhosts.up(INDEX)
-    # simulate the kill: the nspawn process dies without an orderly teardown
-    host_dir = testhosts.base_dir() / "hosts" / f"th{INDEX}"
-    pid = int((host_dir / "pid").read_text())
-    leader = int((host_dir / "leader").read_text())  # the container's systemd, which outlives nspawn
-    subprocess.run(["kill", "-KILL", str(pid)], check=True)
-    assert INDEX in testhosts.running()
-    testhosts.down(INDEX)
+    try:
+        # simulate the kill: the nspawn process dies without an orderly teardown
+        host_dir = testhosts.base_dir() / "hosts" / f"th{INDEX}"
+        pid = int((host_dir / "pid").read_text())
+        leader = int((host_dir / "leader").read_text())  # the container's systemd, which outlives nspawn
+        subprocess.run(["kill", "-KILL", str(pid)], check=True)
+        assert INDEX in testhosts.running()
+    finally:
+        testhosts.down(INDEX)  # also what a failed assertion above leaves for the next test
     assert _leftovers(INDEX) == []
     assert _ended(leader), "the container's init survived its host's removal"
     links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout

@@ -561,6 +561,7 @@ class Forja:
 
         inventory.required(self.inventory)  # no hosts named: stop before the history records a run
         self._chosen_cluster()  # nor a cluster the inventory does not have
+        self._refuse_several_runs({**self.extravars, **(extravars or {})})
         if name is not None:
             self._refuse_a_completed_name(name)
         self.history.start(
@@ -606,6 +607,25 @@ class Forja:
         followed = self.follow(run_id, fetch=fetch, checkpoints=checkpoints, timeout_s=limit or 0,
                                poll_s=poll, on_event=on_event, cancel=cancel)
         return dataclasses.replace(followed, playbook_result=result)
+
+    def _refuse_several_runs(self, extravars: Mapping[str, Any]) -> None:
+        """`forja train` follows one run; a play over a VM and a cluster (or two VMs) starts one run on
+        each (trainer_run groups nodes by cluster). Refused before anything is sent, naming what the
+        inventory holds and how to choose. A cluster named (--cluster), a --limit or -e forja_hosts
+        is the user's choice and is not second-guessed.
+        """
+        if self.cluster is not None or self.limit or "forja_hosts" in extravars:
+            return
+        from forja import inventory
+
+        targets = inventory.run_targets(inventory.read(inventory.required(self.inventory)))
+        if len(targets) > 1:
+            raise errors.ConfigError(
+                "--cluster", f"the inventory holds {len(targets)} runs' hosts: {'; '.join(targets)}. forja "
+                "train follows one run: choose a cluster with --cluster NAME, or a VM with --limit HOST. To "
+                "train several hosts as one run, give them the same forja_cluster and each its "
+                "forja_node_rank in the inventory (the gcp_gpu inventory does it for gcp_instance_count > 1)",
+            )
 
     def _refuse_a_completed_name(self, name: str) -> None:
         """A name is a run's identity on its host (its folder, unit and checkpoints): sending a new

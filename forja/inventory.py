@@ -313,6 +313,23 @@ def clusters(data: InventoryData) -> dict[str, Cluster]:
     return result
 
 
+def run_targets(data: InventoryData, group: str = "forja_gpu") -> list[str]:
+    """What a play over `group` (the playbooks' default hosts) trains: one run per cluster and one per
+    host outside a cluster, as trainer_run groups nodes (its vars/main.yml); each named for people
+    ("forja-l4", "cluster forja-elastic (forja-elastic-0, forja-elastic-1)").
+
+    Why forja asks: `forja train` follows one run, and a play over a VM beside a cluster starts two.
+    """
+    from forja.cost.cluster import cluster_of
+
+    hosts = data.group_hosts(group) if group in data.groups else data.group_hosts("all")
+    found = clusters(data)
+    targets = [h for h in hosts if cluster_of(data.hostvars.get(h) or {}) is None]
+    named = {cluster_of(data.hostvars.get(h) or {}) for h in hosts} - {None}
+    targets += [f"cluster {c.name} ({', '.join(c.members)})" for name, c in found.items() if name in named]
+    return targets
+
+
 def cluster(data: InventoryData, name: str) -> Cluster:
     """The cluster the user named as its VMs are named (`gcp_instance_name`, e.g. forja-l4).
 

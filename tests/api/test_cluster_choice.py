@@ -96,3 +96,24 @@ def test_status_rows_carry_the_rank_and_the_elastic_restarts_where_the_state_has
     row = _status("forja-elastic-1", node)
     assert (row.node_rank, row.nnodes, row.elastic_restarts) == (1, 2, 1)
     assert (_status("forja-l4", alone).nnodes, _status("forja-l4", alone).elastic_restarts) == (1, None)
+
+
+def test_the_runs_of_an_inventory_are_each_cluster_and_each_vm_outside_one(listed: Path) -> None:
+    assert inventory.run_targets(inventory.read(listed)) == [
+        "forja-l4", "cluster forja-elastic (forja-elastic-0, forja-elastic-1)"]
+
+
+def test_train_without_a_choice_between_a_vm_and_a_cluster_is_refused_before_a_run_is_recorded(
+    listed: Path, tmp_path: Path
+) -> None:
+    """A play over both would start two runs (trainer_run groups nodes by cluster); forja follows one."""
+    config = tmp_path / "digits.yaml"
+    config.write_text("steps: 10\n")
+    history = History(tmp_path / "history.sqlite")
+    with pytest.raises(errors.ConfigError) as caught:
+        Forja(tmp_path, inventory=listed, history=history).train(config, name="never-sent")
+    assert caught.value.field == "--cluster"
+    said = caught.value.message
+    assert "holds 2 runs' hosts: forja-l4; cluster forja-elastic (forja-elastic-0, forja-elastic-1)" in said
+    assert "--cluster NAME" in said and "--limit HOST" in said
+    assert history.list() == []

@@ -241,5 +241,5 @@ def test_a_run_started_by_ansible_playbook_appears_in_forja_runs(
     assert (row["status"], row["steps"], row["hosts"]) == ("completed", 30, ["th6"])
     again = subprocess.run(play.args, cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
                            check=False)
-    assert again.returncode == 0 and "Record the run in forja's run history" in again.stdout
+    assert again.returncode == 0 and "Record the runs in forja's run history" in again.stdout
     assert len([r for r in History(home / "history.sqlite").list() if r.run_id == "long-site"]) == 1

@@ -43,7 +43,9 @@ CASES: dict[str, tuple[dict[str, Any], str | None]] = {
     "negative_restarts": ({CMD: ["train.py"], "trainer_run_max_restarts": -1},
                           "trainer_run_max_restarts (-1) a number >= 0"),
     "play_lacks_a_node": ({CMD: ["train.py"], "trainer_run_nnodes": 2, "trainer_run_master_addr": "10.0.0.1"},
-                          "is node 0 of 2, but the play has 1 such host(s)"),
+                          "is node 0 of 2, but the play has 1 such host(s) (play_lacks_a_node): a host "
+                          "outside a cluster trains alone; to train several hosts as one run, give them the "
+                          "same forja_cluster"),
     "bad_bucket": ({CMD: ["train.py"], "trainer_run_checkpoint_bucket": "gs://Bad Bucket/x"},
                    'trainer_run_checkpoint_bucket: "gs://Bad Bucket/x" must be gs://BUCKET or gs://BUCKET/PREFIX'),
     "good_command": ({CMD: ["train.py", "--steps", "5"], "trainer_run_cpu_procs": 2}, None),

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
+import re
 import signal
 import socket
 import socketserver
@@ -19,15 +21,27 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import urllib.error
 import urllib.request
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+from urllib.parse import parse_qs, parse_qsl, unquote, urlsplit
 
+from forja_sandbox.http_limits import (
+    MAX_BODY,
+    MAX_UPLOAD,
+    READ_TIMEOUT_S,
+    BeyondLimits,
+    BodyRefused,
+    BoundedRequests,
+    check_shape,
+)
 from forja_sandbox.iap import _pump
 
 #: How long start() waits for the emulator to answer HTTP before it gives up.
@@ -100,7 +114,11 @@ class StorageEmulator:
             log = self.log_path.open("ab")  # type: ignore[assignment]
         try:
             self._proc = subprocess.Popen(
-                self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                self.command(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
                 env={**os.environ, PARENT_ENV: str(os.getpid())},
             )
         finally:
@@ -194,14 +212,16 @@ class BridgeRelay(socketserver.ThreadingTCPServer):
         self.server_close()
 
 
-# --- The shim: four gaps of gcp-storage-emulator that forja relies on, filled in its own process. ---
-# It stays small on purpose (README "Cloud Storage" lists it): generation preconditions on writes and
-# deletes (the checkpoint promote and marker rely on them), bucket settings sent at creation (the
-# emulator keeps only the name), buckets that belong to a project (the emulator lists every bucket
-# for every project, so "a bucket of another project" could not be told), and crash-safe writes of
-# its files (a SIGKILL mid-write must not leave a torn metadata file that stops the next start).
-# The emulator serves one request at a time, so a check followed by the write it guards cannot
-# interleave with another write.
+# --- The shim: five gaps of gcp-storage-emulator that forja relies on, filled in its own process. ---
+# It stays as small as it can (README "Cloud Storage" lists it): generation preconditions on writes,
+# patches and deletes (the checkpoint promote and marker rely on them), bucket settings sent at
+# creation (the emulator keeps only the name), buckets that belong to a project (the emulator lists
+# every bucket for every project, so "a bucket of another project" could not be told), crash-safe
+# writes of its files (a SIGKILL mid-write must not leave a torn metadata file that stops the next
+# start), and requests on the wire (bounded reads, checked URLs, names and bodies, Google's error
+# body instead of a dropped connection: a fuzz of malformed requests hung it, dropped connections,
+# and a bucket named 5 broke every later bucket list). The emulator serves one request at a time,
+# so a check followed by the write it guards cannot interleave with another write.
 
 _PRECONDITION_FAILED = {
     "error": {
@@ -210,11 +230,124 @@ _PRECONDITION_FAILED = {
         "errors": [{"domain": "global", "reason": "conditionNotMet", "message": "Precondition Failed"}],
     }
 }
+INVALID_ARGUMENT = "Invalid argument."
+_INT64 = (-(2**63), 2**63 - 1)
+#: Query parameters that GCS types as integers (generations int64, maxResults uint32), and their range.
+_INTEGER_PARAMS = {
+    **dict.fromkeys(
+        ("generation", "sourceGeneration", "ifGenerationMatch", "ifGenerationNotMatch",
+         "ifMetagenerationMatch", "ifMetagenerationNotMatch", "ifSourceGenerationMatch",
+         "ifSourceGenerationNotMatch", "ifSourceMetagenerationMatch", "ifSourceMetagenerationNotMatch"),
+        _INT64),
+    "maxResults": (0, 2**32 - 1),
+}  # fmt: skip
+#: The JSON type of each field of a bucket or object resource that a request may set (GCS: 400 for another).
+_BUCKET_FIELDS: dict[str, type] = {
+    "name": str, "location": str, "storageClass": str, "labels": dict, "acl": list, "defaultObjectAcl": list,
+    "cors": list, "lifecycle": dict, "versioning": dict, "website": dict, "billing": dict,
+    "iamConfiguration": dict, "encryption": dict, "logging": dict, "retentionPolicy": dict,
+    "softDeletePolicy": dict,
+}  # fmt: skip
+_OBJECT_FIELDS: dict[str, type] = {
+    "name": str, "bucket": str, "contentType": str, "cacheControl": str, "contentDisposition": str,
+    "contentEncoding": str, "contentLanguage": str, "crc32c": str, "md5Hash": str, "customTime": str,
+    "storageClass": str, "metadata": dict, "acl": list,
+}  # fmt: skip
+_STRING_MAPS = ("labels", "metadata")
+_BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]")
+
+
+class Refused(BodyRefused):
+    """A request the shim answers itself, in Google's error body: its status, words and reason."""
+
+    def __init__(self, status: int, message: str, reason: str = "invalid") -> None:
+        super().__init__(status, message)
+        self.reason = reason
+
+
+def google_error(status: int, message: str, reason: str) -> dict[str, Any]:
+    """Google's error body: what its clients read (code, message, errors[].reason)."""
+    return {"error": {"code": status, "message": message,
+                      "errors": [{"domain": "global", "reason": reason, "message": message}]}}  # fmt: skip
 
 
 def project_number(project: str) -> str:
     """A stable stand-in for a project's number (GCS puts the number, not the ID, on a bucket)."""
     return str(100_000_000_000 + zlib.crc32(project.encode()) % 900_000_000_000)
+
+
+def _integer(key: str, text: str) -> int:
+    """A query parameter GCS takes as an integer; 400 "Invalid argument." as GCS says when it is not one."""
+    low, high = _INTEGER_PARAMS[key]
+    digits = text.removeprefix("-")
+    if not (digits.isascii() and digits.isdigit()) or not low <= int(text) <= high:
+        raise Refused(400, INVALID_ARGUMENT)
+    return int(text)
+
+
+def _check_url(target: str) -> None:
+    """A request's path and query as GCS reads them: UTF-8 once decoded, integers where it takes integers.
+    (The emulator decodes with replacement characters and ignores what it does not use.)"""
+    url = urlsplit(target)
+    try:
+        unquote(url.path, errors="strict")
+        query = parse_qsl(url.query, keep_blank_values=True, errors="strict")
+    except UnicodeDecodeError:
+        raise Refused(400, "The request's URL is not valid UTF-8 once decoded.") from None
+    for key, value in query:
+        if key in _INTEGER_PARAMS:
+            _integer(key, value)
+
+
+def _check_object_name(name: Any) -> None:
+    """GCS's rules for an object's name: 1 to 1024 bytes of UTF-8, no carriage return or line feed, not
+    "." or "..", not under .well-known/acme-challenge/."""
+    try:
+        size = len(name.encode("utf-8")) if isinstance(name, str) else 0
+    except UnicodeEncodeError:  # a lone surrogate, from JSON's \ud800
+        size = 0
+    valid = 1 <= size <= 1024 and "\r" not in name and "\n" not in name and name not in (".", "..")
+    if not valid or name.startswith(".well-known/acme-challenge/"):
+        raise Refused(400, f"Invalid object name: {str(name)[:80]!r}.")
+
+
+def _check_bucket_name(name: str) -> None:
+    """GCS's rules for a bucket's name: 3 to 63 characters (222 in dot-separated parts of at most 63),
+    lowercase letters, digits, "-", "_" and ".", a letter or digit at each end, not an IP address, no
+    "goog" prefix, no "google"."""
+    parts = name.split(".")
+    valid = (
+        bool(_BUCKET_NAME.fullmatch(name))
+        and len(name) <= (222 if len(parts) > 1 else 63)
+        and all(1 <= len(part) <= 63 for part in parts)
+        and not re.fullmatch(r"\d+(\.\d+){3}", name)
+        and not name.startswith("goog")
+        and "google" not in name
+    )
+    if not valid:
+        raise Refused(400, f"Invalid bucket name: {name[:80]!r}")
+
+
+def _resource(data: Any, fields: dict[str, type]) -> dict[str, Any]:
+    """A request body that is a bucket or object resource: a JSON object whose fields have their JSON
+    type (null: not set), labels and custom metadata mapping to strings, ACLs and CORS lists of objects.
+    Checked before the emulator sets any of it: it stores what it is given, and stops half-way through
+    a value it cannot use, leaving the resource half-changed."""
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise Refused(400, "Invalid JSON payload: the request body must be a JSON object.")
+    for key, kind in fields.items():
+        value = data.get(key)
+        if value is not None and not (isinstance(value, kind) and _members_fit(key, value)):
+            raise Refused(400, f"Invalid value for {key}: {json.dumps(value)[:80]}")
+    return data
+
+
+def _members_fit(key: str, value: Any) -> bool:
+    if key in _STRING_MAPS:
+        return all(v is None or isinstance(v, str) for v in value.values())
+    return not isinstance(value, list) or all(isinstance(v, dict) for v in value)
 
 
 def _upload_target(request: Any, storage: Any) -> str | None:
@@ -229,29 +362,187 @@ def _upload_target(request: Any, storage: Any) -> str | None:
     return meta.get("name") if isinstance(meta, dict) else None
 
 
+def _check_upload(request: Any) -> None:
+    """An upload's type, resource and name (a chunk of a started session has its own check)."""
+    if "upload_id" in request.query:
+        return
+    upload_type = (request.query.get("uploadType") or [""])[0]
+    if upload_type == "multipart":
+        if not (isinstance(request.data, dict) and "meta" in request.data):
+            raise Refused(400, "A multipart upload is the object's JSON resource, then its bytes.")
+        _resource(request.data["meta"], _OBJECT_FIELDS)
+    elif upload_type == "resumable":
+        _resource(request.data, _OBJECT_FIELDS)
+    elif upload_type != "media":
+        raise Refused(400, f"Invalid upload type {upload_type[:40]!r}: media, multipart or resumable.")
+    if _upload_target(request, None) is None:
+        raise Refused(400, "Required parameter: name.", "required")
+
+
+def _check_chunk(request: Any) -> None:
+    """A resumable chunk's Content-Range against the bytes it came with. GCS refuses a range it cannot
+    parse or that does not fit them; the emulator took such a chunk for the whole object, or its first
+    bytes for the rest. No Content-Range: the whole object in one request, as GCS allows."""
+    from gcp_storage_emulator.handlers import objects
+
+    header = request.get_header("Content-Range")
+    if header is None:
+        return
+    parsed = objects._parse_resumable_content_range(header)
+    if parsed is None:
+        raise Refused(400, "Failed to parse Content-Range header.")
+    if parsed["kind"] == "status":
+        return
+    size = len(request.data or b"")
+    start, end, total = parsed["start"], parsed["end"], parsed["total"]
+    end = start + size - 1 if end is None else end  # bytes START-*/TOTAL: the body is the rest
+    if end - start + 1 != size or (total is not None and end >= total):
+        raise Refused(400, f"Content-Range {header[:80]!r} does not fit the {size} bytes sent.")
+
+
 def _precondition_holds(request: Any, storage: Any, bucket: str, name: str | None) -> bool:
-    """GCS's ifGenerationMatch / ifGenerationNotMatch on the object `name` (0 = must not exist)."""
+    """GCS's ifGenerationMatch / ifGenerationNotMatch on the object `name` (0 = must not exist); a
+    value that is not an integer is a 400 (:class:`Refused`), as on GCS."""
     if name is None:
         return True
     current = (storage.objects.get(bucket) or {}).get(name)
     generation = int(current["generation"]) if current else 0
     match = request.query.get("ifGenerationMatch")
-    if match and int(match[0]) != generation:
+    if match and _integer("ifGenerationMatch", match[0]) != generation:
         return False
     not_match = request.query.get("ifGenerationNotMatch")
-    return not (not_match and int(not_match[0]) == generation)
+    return not (not_match and _integer("ifGenerationNotMatch", not_match[0]) == generation)
 
 
 def _guarded(handler: Callable[..., Any], target: Callable[[Any, Any], str | None]) -> Callable[..., Any]:
     def guarded(request: Any, response: Any, storage: Any, *args: Any, **kwargs: Any) -> Any:
         bucket = request.params.get("dest_bucket_name") or request.params["bucket_name"]
-        if not _precondition_holds(request, storage, bucket, target(request, storage)):
+        name = target(request, storage)
+        if name is not None:
+            _check_object_name(name)
+        if not _precondition_holds(request, storage, bucket, name):
             response.status = HTTPStatus.PRECONDITION_FAILED
             response.json(_PRECONDITION_FAILED)
             return None
         return handler(request, response, storage, *args, **kwargs)
 
     return guarded
+
+
+def _checked(handler: Callable[..., Any], check: Callable[[Any], Any]) -> Callable[..., Any]:
+    """``handler`` once ``check`` (which raises :class:`Refused`) has passed the request: GCS validates a
+    request before it looks at its preconditions or the store."""
+
+    def checked(request: Any, response: Any, storage: Any, *args: Any, **kwargs: Any) -> Any:
+        check(request)
+        return handler(request, response, storage, *args, **kwargs)
+
+    return checked
+
+
+def _inflate(data: bytes, encoding: str, limit: int) -> bytes:
+    """A gzip or deflate body, decoded as the emulator's own reader does, to at most ``limit`` bytes (a
+    small body must not expand into gigabytes)."""
+    inflater = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
+    try:
+        out = inflater.decompress(data, limit + 1)
+    except zlib.error:
+        raise Refused(400, f"The body is not valid {encoding} data.", "parseError") from None
+    if len(out) > limit or inflater.unconsumed_tail:
+        raise Refused(413, f"Request payload size exceeds the limit: {limit} bytes.", "badRequest")
+    if not inflater.eof:
+        raise Refused(400, f"The body ends before its {encoding} stream does.", "parseError")
+    return out
+
+
+@dataclass(frozen=True)
+class _Body:
+    data: bytes
+    raw: bool  # an object's bytes, handed to the emulator as they came (else JSON, multipart or batch)
+
+
+def _read_request_body(handler: Any, method: str) -> _Body:
+    """The body, read before any handler runs: within MAX_UPLOAD where it carries an object's bytes
+    (an upload to the route that stores them), within MAX_BODY where it is metadata."""
+    from gcp_storage_emulator import server
+    from gcp_storage_emulator.handlers import objects
+
+    url = urlsplit(handler.path)
+    query = parse_qs(url.query)
+    route = next((table for regex, table in server.HANDLERS if re.fullmatch(regex, url.path)), {})
+    serves = route.get(method)
+    if serves is None and method == "POST" and query.get("uploadType") and url.path.endswith("/o"):
+        serves = objects.insert  # the emulator's own fallback: an upload without the /upload prefix
+    upload_type = (query.get("uploadType") or [""])[0]
+    raw = serves in (objects.upload_partial, objects.xml_upload) or (
+        serves is objects.insert and ("upload_id" in query or upload_type == "media"))  # fmt: skip
+    upload = raw or (serves is objects.insert and upload_type == "multipart")
+    limit = MAX_UPLOAD if upload else MAX_BODY
+    data = handler.read_body(limit)
+    encoding = handler.headers.get("Content-Encoding")
+    if data and encoding in ("gzip", "deflate"):
+        data = _inflate(data, encoding, limit)
+    return _Body(data, raw)
+
+
+def _answer(handler: Any, status: int, message: str, reason: str) -> None:
+    from gcp_storage_emulator import server
+
+    response = server.Response(handler)
+    response.status = HTTPStatus(status)
+    response.json(google_error(status, message, reason))
+    response.close()
+
+
+def _install_front(server: Any) -> None:
+    """The emulator's HTTP front, patched: reads bounded by forja_sandbox/http_limits.py (a begun
+    request has READ_TIMEOUT_S, and so has a connection before its request: the emulator serves one
+    at a time); the URL and body checked before any handler; the body read once, a resumable chunk's
+    or media upload's bytes passed on as bytes whatever their Content-Type, JSON within the limits;
+    and an exception a handler raises on what it was sent answered 400 in Google's words (with its
+    traceback in the emulator's log) where the emulator dropped the connection."""
+
+    class Handler(BoundedRequests, server.RequestHandler):
+        idle_timeout_s = READ_TIMEOUT_S
+
+    class Router(server.Router):
+        def handle(self, method: str) -> None:
+            handler = self._request_handler
+            try:
+                _check_url(handler.path)
+                handler.forja_body = _read_request_body(
+                    handler, handler.headers.get("x-http-method-override") or method
+                )
+                super().handle(method)
+            except (ConnectionError, TimeoutError):
+                raise  # the client left or stopped reading: nobody to answer
+            except BodyRefused as refused:
+                _answer(handler, refused.status, refused.message, getattr(refused, "reason", "badRequest"))
+            except Exception:
+                traceback.print_exc()
+                _answer(handler, 400, INVALID_ARGUMENT, "invalid")
+
+    read_data = server._read_data
+
+    def read_checked_data(handler: Any, query: dict[str, list[str]]) -> Any:
+        body: _Body = handler.forja_body
+        if body.raw:
+            return body.data or None
+        try:
+            data = read_data(handler, query)
+            if isinstance(data, dict | list):
+                check_shape(data)
+        except BeyondLimits as exc:
+            raise Refused(400, f"Parse Error: {exc}.", "parseError") from None
+        except Exception:  # not JSON, not multipart: whatever the emulator's parsing raised
+            raise Refused(400, "Parse Error", "parseError") from None
+        return data
+
+    server.RequestHandler = Handler  # the server is built from these names when it starts
+    server.Router = Router
+    server._read_raw_data = lambda handler: handler.forja_body.data
+    server._decode_raw_data = lambda raw, _handler: raw or None  # decoded (and bounded) on reading
+    server._read_data = read_checked_data
 
 
 def _install_shim() -> None:
@@ -262,25 +553,39 @@ def _install_shim() -> None:
     def by_param(key: str) -> Callable[[Any, Any], str | None]:
         return lambda request, _storage: request.params.get(key)
 
-    objects.insert = _guarded(objects.insert, _upload_target)
-    objects.upload_partial = _guarded(objects.upload_partial, _upload_target)
+    def object_body(request: Any) -> None:
+        _resource(request.data, _OBJECT_FIELDS)
+
+    def bucket_body(request: Any) -> None:
+        _resource(request.data, _BUCKET_FIELDS)
+
+    objects.insert = _checked(_guarded(objects.insert, _upload_target), _check_upload)
+    objects.upload_partial = _checked(_guarded(objects.upload_partial, _upload_target), _check_chunk)
     objects.compose = _guarded(objects.compose, by_param("object_id"))
     objects.copy = _guarded(objects.copy, by_param("dest_object_id"))
     objects.rewrite = _guarded(objects.rewrite, by_param("dest_object_id"))
     objects.delete = _guarded(objects.delete, by_param("object_id"))
+    objects.patch = _checked(_guarded(objects.patch, by_param("object_id")), object_body)
+    objects.xml_upload = _checked(objects.xml_upload, lambda r: _check_object_name(r.params["object_id"]))
+    buckets.patch = _checked(buckets.patch, bucket_body)
 
     original_insert = buckets.insert
 
     def insert_bucket(request: Any, response: Any, storage: Any, *args: Any, **kwargs: Any) -> Any:
+        data = _resource(request.data, _BUCKET_FIELDS)
+        name = data.get("name")
+        if not name:
+            raise Refused(400, "Required: the bucket's name.", "required")
+        _check_bucket_name(name)
         result = original_insert(request, response, storage, *args, **kwargs)
-        name = request.data.get("name") if isinstance(request.data, dict) else None
-        bucket = storage.buckets.get(name) if name else None
+        bucket = storage.buckets.get(name)
         if bucket is not None and getattr(response, "status", HTTPStatus.OK) == HTTPStatus.OK:
             if request.query.get("project"):
                 bucket["projectNumber"] = project_number(request.query["project"][0])
-            settings = {k: v for k, v in request.data.items() if k in buckets._WRITABLE_BUCKET_FIELDS}
+            writable = buckets._WRITABLE_BUCKET_FIELDS
+            settings = {k: v for k, v in data.items() if k in writable and v is not None}
             if "location" in settings:
-                settings["location"] = str(settings["location"]).upper()
+                settings["location"] = settings["location"].upper()
                 bucket["locationType"] = "region" if "-" in settings["location"] else "multi-region"
             buckets._patch_bucket(bucket, settings)
             bucket["metageneration"] = "1"
@@ -294,8 +599,11 @@ def _install_shim() -> None:
         """buckets.list names one project's buckets (the emulator lists all), and honours prefix."""
         wanted = project_number(request.query["project"][0]) if request.query.get("project") else None
         prefix = request.query["prefix"][0] if request.query.get("prefix") else ""
-        items = [b for b in storage.buckets.values()
-                 if (wanted is None or b.get("projectNumber") == wanted) and b["name"].startswith(prefix)]
+        items = [
+            b
+            for b in storage.buckets.values()
+            if (wanted is None or b.get("projectNumber") == wanted) and b["name"].startswith(prefix)
+        ]
         response.json({"kind": "storage#buckets", "items": items})
 
     buckets.ls = list_buckets
@@ -315,6 +623,10 @@ def _install_shim() -> None:
 
     original_write = gse_storage._FileStore.write_bytes
     gse_storage._FileStore.write_bytes = write_bytes_atomically
+
+    from gcp_storage_emulator import server  # builds its routes from the handlers patched above
+
+    _install_front(server)
 
 
 def _die_with_parent() -> None:

@@ -51,6 +51,9 @@ if TYPE_CHECKING:  # the push's result; forja.hub itself is imported when a push
 
 #: What a run name may be: the host contract's pattern (roles/host_contract), which trainer_run checks too.
 RUN_NAME = runstate.RUN_NAME
+#: trainer_run's task that moves a replaced run's host folder aside (tasks/main.yml): whether the
+#: host was touched when a `--replace` play fails.
+SET_ASIDE_TASK = "Set the replaced run's folder aside"
 #: Seconds one follow playbook (playbooks/train_wait.yml) polls before the next one takes over.
 #: A window, not a limit: following goes on window after window until the run ends; the window
 #: only bounds what one playbook holds. FORJA_FOLLOW_WINDOW_S overrides it (tests use seconds).
@@ -477,7 +480,8 @@ class Forja:
         sent = {"config": str(config) if config else None, **train, "wait": False}
         result = self.train(**sent)
         say(f"run {result.run_id} started; watching it")
-        how = {k: v for k, v in sent.items() if k not in ("wait", "name", "cancel", "on_event")}
+        # what a recovery sends again: the same run resumed, never a second replacement
+        how = {k: v for k, v in sent.items() if k not in ("wait", "name", "cancel", "on_event", "replace")}
         return self.watch(result.run_id, fallback_zones=fallback_zones, budget=budget, train=how,
                           poll_s=poll_s, say=say)
 
@@ -509,6 +513,7 @@ class Forja:
         extravars: Mapping[str, Any] | None = None,
         backend: str = "vm",
         vertex: VertexOptions | None = None,
+        replace: bool = False,
     ) -> TrainResult:
         """Send the trainer (and the project), start the run as a systemd unit, follow it, fetch results.
 
@@ -529,6 +534,11 @@ class Forja:
         run with `args`, e.g. `script="train.py", args=["--lr", "3e-4"]`; the run name then defaults
         to the script's name). Both are checked before anything is sent.
 
+        A `name` is a run's identity: a completed run's name is refused, naming the run. With
+        `replace=True` an ended run of that name is kept as `<name>-replaced-<UTC time>` (its history
+        row with its events, its folder on the host, its fetched results) and the new run starts
+        afresh under the name; a running one is refused (stop it first).
+
         Following (`follow()`) has no fixed limit: it lasts as long as the run, hours or days,
         streaming progress. It stops early while the run goes on, and returns status "running" with
         `detached` saying why, when `wait=False` (right after the unit started), when `timeout_s`
@@ -539,7 +549,7 @@ class Forja:
         if backend != "vm":
             unsupported = {"script": script, "args": list(args), "project": project,
                            "excludes": list(excludes), "procs": procs, "extravars": dict(extravars or {}),
-                           "cluster": self.cluster}
+                           "cluster": self.cluster, "replace": replace}
             return self._train_vertex(config, backend, vertex, unsupported, name=name, wait=wait, fetch=fetch,
                                       checkpoints=checkpoints, timeout_s=timeout_s, poll_s=poll_s,
                                       on_event=on_event, cancel=cancel)
@@ -562,8 +572,9 @@ class Forja:
         inventory.required(self.inventory)  # no hosts named: stop before the history records a run
         self._chosen_cluster()  # nor a cluster the inventory does not have
         self._refuse_several_runs({**self.extravars, **(extravars or {})})
+        replaced = None
         if name is not None:
-            self._refuse_a_completed_name(name)
+            replaced = self._set_aside(name) if replace else self._refuse_a_completed_name(name)
         self.history.start(
             run_id, name=run_id, config_path=str(plan.record_path), config_hash=_config_hash(plan.record_path)
         )
@@ -577,6 +588,7 @@ class Forja:
             "trainer_run_fetch": False,
             "forja_history_record": False,  # this history records the run itself
             **({"trainer_run_nproc_per_node": procs} if procs is not None else {}),
+            **({"trainer_run_replaced_as": replaced} if replaced else {}),
             **(extravars or {}),
         }
         try:
@@ -598,7 +610,10 @@ class Forja:
         if not result.ok:
             first = (result.unreachable or result.failed_tasks or [None])[0]
             why = f"{first.host}: {first.task}: {first.message}" if first else f"rc {result.rc}"
-            self.history.update(run_id, status="failed", hosts=hosts, ended_at=_now(), message=why)
+            if replaced and not any(t.task == SET_ASIDE_TASK for t in result.changed_tasks):
+                self._put_back(replaced, run_id)  # the host still holds the old run as it was
+            else:
+                self.history.update(run_id, status="failed", hosts=hosts, ended_at=_now(), message=why)
             result.raise_for_status()
         self.history.update(run_id, hosts=hosts)
         if not wait:
@@ -627,6 +642,38 @@ class Forja:
                 "forja_node_rank in the inventory (the gcp_gpu inventory does it for gcp_instance_count > 1)",
             )
 
+    def _set_aside(self, name: str) -> str | None:
+        """`--replace`: keep the ended run `name` as `<name>-replaced-<UTC time>` (history row and
+        events, fetched results; the role moves its host folder, SET_ASIDE_TASK) so the new run starts
+        with nothing of it. None when there is no such run; a running one is refused."""
+        try:
+            old = self.history.get(name)
+        except errors.RunNotFound:
+            return None
+        if old.ended_at is None:
+            raise errors.ConfigError(
+                "replace", f"run {name!r} is {old.status}, not ended: stop it first (forja stop {name}), "
+                "then --replace it")
+        aside = f"{name[:38]}-replaced-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}"
+        self._move_results(name, aside)
+        return aside
+
+    def _put_back(self, aside: str, name: str) -> None:
+        """Undo `_set_aside` when the play refused the replacement before touching the host."""
+        self.history.drop(name)
+        self._move_results(aside, name)
+
+    def _move_results(self, old: str, new: str) -> None:
+        """Run `old` becomes `new`: its history row and events, and its fetched results' folder (the
+        recorded artifact_dir follows, to the same host folder inside)."""
+        record = self.history.rename(old, new)
+        source, target = self.results_dir(old), self.results_dir(new)
+        if not source.is_dir() or target.exists():
+            return
+        source.rename(target)
+        if record.artifact_dir and Path(record.artifact_dir).is_relative_to(source):
+            self.history.update(new, artifact_dir=str(target / Path(record.artifact_dir).relative_to(source)))
+
     def _refuse_a_completed_name(self, name: str) -> None:
         """A name is a run's identity on its host (its folder, unit and checkpoints): sending a new
         run under a completed run's name started nothing (a completed run is never re-run) and
@@ -642,7 +689,8 @@ class Forja:
                 when = old.ended_at or old.started_at
                 raise errors.ConfigError(
                     "name", f"run {name!r} already completed ({when}{where}); a new run needs a new --name "
-                    f"(e.g. {name}-2). Its results stay under its name: forja runs, forja cost --run {name}, "
+                    f"(e.g. {name}-2), or --replace to keep the old one as {name}-replaced-<time> and start "
+                    f"afresh. Its results stay under its name: forja runs, forja cost --run {name}, "
                     f"forja fetch {name}",
                 )
 

@@ -449,6 +449,11 @@ def train(
     name: Annotated[
         str | None, typer.Option("--name", help="Run name (default: config or script name + time).")
     ] = None,
+    replace: Annotated[
+        bool, typer.Option("--replace", help="Reuse the --name of an ended run: the old run is kept as "
+                           "NAME-replaced-<time> (history, results, its folder on the VM) and the new one "
+                           "starts afresh.")
+    ] = False,
     exclude: Annotated[
         list[str] | None, typer.Option("--exclude", "-x", help="Extra glob to keep out of the upload.")
     ] = None,
@@ -492,7 +497,7 @@ def train(
         _follow_command(ctx, lambda f, interrupted: f.train(
             config, script=script, args=args, project=project, name=name, excludes=exclude or [],
             wait=not detach, checkpoints=checkpoints, timeout_s=timeout, procs=procs, cancel=interrupted,
-            backend=backend, vertex=options), timeout, cluster)  # fmt: skip
+            backend=backend, vertex=options, replace=replace), timeout, cluster)  # fmt: skip
         return
     if config is not None and script is None and config.is_file():  # bad input: train's own error says it
         with _errors(ctx, "cancelled"):  # a config the trainer refuses gets its error, and no estimate first
@@ -504,7 +509,7 @@ def train(
             why = _forja(ctx, cluster=cluster).train_managed(
                 config, fallback_zones=fallback_zone or [], budget=budget, poll_s=poll, say=_say,
                 script=str(script) if script else None, args=args, project=str(project) if project else None,
-                name=name, excludes=exclude or [], procs=procs)
+                name=name, excludes=exclude or [], procs=procs, replace=replace)
             out.print(why)
         return
     _follow_command(
@@ -512,6 +517,7 @@ def train(
         lambda f, interrupted: f.train(
             config, script=script, args=args, project=project, name=name, excludes=exclude or [],
             wait=not detach, checkpoints=checkpoints, timeout_s=timeout, procs=procs, cancel=interrupted,
+            replace=replace,
         ),
         timeout,
         cluster,

@@ -164,6 +164,27 @@ class History:
             )
         return self.get(run_id)
 
+    def rename(self, run_id: str, new_id: str) -> RunRecord:
+        """Give a run, with its events, another id (and name): `forja train --replace` keeps the run it
+        replaces this way, so the new run under the old name starts with none of its events while
+        `forja runs`, `forja cost --run` and the dashboard still show what the old one did and cost."""
+        with self._lock, self._connect() as db:
+            if db.execute("SELECT 1 FROM runs WHERE run_id = ?", (new_id,)).fetchone() is not None:
+                raise ConfigError("name", f"run {new_id!r} is already in the history ({self.path})")
+            cur = db.execute("UPDATE runs SET run_id = ?, name = ? WHERE run_id = ?",
+                             (new_id, new_id, run_id))
+            if cur.rowcount == 0:
+                raise RunNotFound(f"run {run_id!r} is not in the history ({self.path})")
+            db.execute("UPDATE run_events SET run_id = ? WHERE run_id = ?", (new_id, run_id))
+        return self.get(new_id)
+
+    def drop(self, run_id: str) -> None:
+        """Remove a run and its events: a run that was refused before anything was sent (`--replace`
+        undoing itself when the play refused the replacement)."""
+        with self._lock, self._connect() as db:
+            db.execute("DELETE FROM run_events WHERE run_id = ?", (run_id,))
+            db.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
+
     def update(self, run_id: str, **fields: Any) -> RunRecord:
         """Set some columns of a run; unknown columns or statuses are an error naming them."""
         unknown = sorted(set(fields) - set(UPDATABLE))

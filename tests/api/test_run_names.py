@@ -37,8 +37,33 @@ def test_a_completed_runs_name_is_refused_naming_the_run_and_a_free_name(ghost: 
     assert info.value.field == "name" and info.value.exit_code == errors.ExitCode.USAGE
     message = info.value.message
     assert "run 'digits' already completed (2026-11-28T10:00:00+00:00 on forja-l4)" in message
-    assert "--name (e.g. digits-2)" in message
+    assert "--name (e.g. digits-2), or --replace to keep the old one as digits-replaced-<time>" in message
     assert (ghost.history.get("digits"), ghost.history.events("digits")) == before, "nothing changed"
+
+
+def test_a_replacement_the_host_never_took_is_undone(ghost: Forja) -> None:
+    """--replace sets the old run aside first; when the play fails before the host's folder moved
+    (here: no host answers), the history and the fetched results are as they were."""
+    ghost.history.start("digits", name="digits", hosts=["ghost"])
+    ghost.history.record_event("digits", "preempted", zone="us-east1-d")
+    ghost.history.update("digits", status="completed", ended_at="2026-11-28T10:00:00+00:00", steps=300,
+                         artifact_dir=str(ghost.results_dir("digits") / "ghost"))
+    (ghost.results_dir("digits") / "ghost").mkdir(parents=True)
+    (ghost.results_dir("digits") / "ghost" / "summary.json").write_text("{}")
+    before = (ghost.history.get("digits"), ghost.history.events("digits"))
+    with pytest.raises(errors.HostUnreachable):
+        ghost.train(DIGITS, name="digits", replace=True)
+    assert (ghost.history.get("digits"), ghost.history.events("digits")) == before
+    assert [r.run_id for r in ghost.history.list()] == ["digits"]
+    assert (ghost.results_dir("digits") / "ghost" / "summary.json").is_file()
+
+
+def test_a_running_run_is_not_replaced(ghost: Forja) -> None:
+    ghost.history.start("digits", name="digits", hosts=["ghost"])
+    with pytest.raises(errors.ConfigError) as info:
+        ghost.train(DIGITS, name="digits", replace=True)
+    assert info.value.field == "replace" and "stop it first (forja stop digits)" in info.value.message
+    assert ghost.history.get("digits").status == "running"
 
 
 @pytest.mark.parametrize("status", ["preempted", "stopped", "failed", "diverged"])

@@ -149,3 +149,27 @@ def test_an_unreachable_host_is_a_typed_error_naming_it(tmp_path: Path) -> None:
     assert info.value.host == "ghost"
     assert "refused" in info.value.detail.lower() or "connect" in info.value.detail.lower()
     assert info.value.exit_code == errors.ExitCode.UNREACHABLE
+
+
+def test_replace_keeps_the_completed_run_aside_and_starts_afresh_under_its_name(
+    forja: Forja, trained: tuple, th6: testhosts.Host, workspace: Path
+) -> None:
+    """`--replace`: the 300-step run is kept as digits-api-replaced-<time> (history row with its
+    events, folder on the host, fetched results), and a 30-step run trains from step 0 under the name."""
+    forja.history.record_event("digits-api", "preempted", zone="us-east1-d")  # not the new run's
+    short = workspace / "digits-short.yaml"
+    short.write_text(yaml.safe_dump({**yaml.safe_load(DIGITS.read_text()), "steps": 30}))
+    result = forja.train(short, name="digits-api", poll_s=1, replace=True)
+    assert (result.status, result.summary["steps"]) == ("completed", 30)  # not resumed at step 300
+    (aside,) = [r for r in forja.history.list() if r.run_id.startswith("digits-api-replaced-")]
+    assert (aside.status, aside.steps, aside.preemptions) == ("completed", 300, 1)
+    assert [e.kind for e in forja.history.events(aside.run_id)].count("preempted") == 1
+    new = forja.history.get("digits-api")
+    assert (new.steps, new.preemptions) == (30, 0)
+    assert "preempted" not in [e.kind for e in forja.history.events("digits-api")]
+    on_host = ssh(th6, f"sudo cat /var/lib/forja/runs/{aside.run_id}/summary.json")
+    assert json.loads(on_host)["steps"] == 300
+    # its fetched results moved with it (the history points at the newest fetch, wherever it went)
+    assert json.loads((forja.results_dir(aside.run_id) / "th6" / "summary.json").read_text())["steps"] == 300
+    assert aside.artifact_dir
+    assert json.loads((Path(aside.artifact_dir) / "summary.json").read_text())["steps"] == 300

@@ -22,8 +22,14 @@ install -d -m 1777 "$TH_BASE/pip-cache"
 mountpoint -q "$R" || mount -t overlay overlay -o "lowerdir=$IMG,upperdir=$H/upper,workdir=$H/work" "$R"
 (
   flock 9   # several hosts may start at once: one of them makes the bridge
+  # The bridge's own MAC address is set, never inherited: a bridge takes the lowest MAC of its ports,
+  # so a host joining (or leaving) with a lower one changed it under every other host, whose ARP
+  # entries for the bridge's addresses (the gateway, the IAP stand-in's 35.235.240.1) then pointed
+  # nowhere for up to a minute: an open ssh connection to another host hung ("Timeout waiting for
+  # privilege escalation prompt") whenever a VM was created or deleted beside it.
   if ! ip link show thbr0 >/dev/null 2>&1; then
-    ip link add thbr0 type bridge; ip addr add "$TH_NET.1/24" dev thbr0; ip link set thbr0 up
+    ip link add thbr0 address 02:74:68:62:72:30 type bridge
+    ip addr add "$TH_NET.1/24" dev thbr0; ip link set thbr0 up
     UP=$(ip route show default | awk '{print $5; exit}')
     [ -f "$TH_BASE/ip_forward.orig" ] || cat /proc/sys/net/ipv4/ip_forward > "$TH_BASE/ip_forward.orig"
     sysctl -qw net.ipv4.ip_forward=1
@@ -48,6 +54,9 @@ NFT
   # looks for namespaces under it before removing the bridge and the NAT this host needs.
   ip netns del "$NS" 2>/dev/null || true
   ip netns add "$NS"
+  # A host removed moments ago may keep its veth while its last processes die (the kernel frees the
+  # namespace, and with it the pair, only then): deleting this end removes both at once.
+  ip link del "$NS-h" 2>/dev/null || true
   ip link add "$NS-h" type veth peer name eth0 netns "$NS"
   ip link set "$NS-h" master thbr0 up
 ) 9>"$TH_BASE/.bridge.lock"

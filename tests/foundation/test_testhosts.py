@@ -168,3 +168,38 @@ def test_a_cached_layer_is_built_once_and_rebuilt_when_what_it_is_built_from_cha
             else:
                 old.unlink()
     assert _leftovers(INDEX) == [] and _leftovers(9) == []
+
+
+@pytest.mark.hosts
+def test_an_open_connection_outlives_a_host_joining_and_leaving_the_bridge() -> None:
+    """The bridge's MAC is its own: a bridge otherwise takes its ports' lowest MAC, so a host joining
+    or leaving changed it under the others, and their open ssh connections (Ansible's ControlPersist,
+    the IAP stand-in's) hung until their ARP entries expired: a VM created or deleted in the sandbox
+    made the next task on another VM fail with "Timeout waiting for privilege escalation prompt"."""
+    host = testhosts.up(INDEX)
+    control = testhosts.base_dir() / "hosts" / f"th{INDEX}" / "tmp" / "cm"  # a path on this machine
+    master = ("-o", "ControlMaster=auto", "-o", f"ControlPath={control}", "-o", "ControlPersist=60s",
+              "-o", "ConnectTimeout=10")  # fmt: skip
+
+    def over_the_open_connection() -> str:
+        done = subprocess.run(host.ssh_argv("echo up", options=master), capture_output=True, text=True,
+                              timeout=15, check=False)  # fmt: skip
+        return done.stdout.strip()
+
+    bridge = Path("/sys/class/net/thbr0/address")
+    try:
+        assert over_the_open_connection() == "up"
+        address = bridge.read_text()
+        testhosts.up(9)
+        # the lowest MAC a port can have: a bridge that inherits its ports' would take it now
+        subprocess.run(["ip", "link", "set", "th9-h", "address", "02:00:00:00:00:01"], check=True)
+        assert bridge.read_text() == address
+        testhosts.down(9)
+        assert bridge.read_text() == address
+        assert over_the_open_connection() == "up"
+    finally:
+        subprocess.run(["ssh", "-o", f"ControlPath={control}", "-O", "exit", "th"], capture_output=True,
+                       check=False)  # fmt: skip
+        testhosts.down(9)
+        testhosts.down(INDEX)
+    assert _leftovers(INDEX) == [] and _leftovers(9) == []

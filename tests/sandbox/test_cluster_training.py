@@ -14,6 +14,7 @@ training resumed from a checkpoint with both nodes and completed with world size
 followed node 0 (progress in its history while it trained, follow windows of 60 s: no fixed clock)
 and fetched its results alone, that `forja runs`, `forja cost --run` and `forja status` count both
 members (status with their ranks and node 0's elastic restarts), and that teardown removes both VMs.
+First, a VM beside the cluster (forja-solo) shows that a play over both groups nodes by cluster.
 It starts the sandbox service when it is not running and stops it again, leaving other VMs alone.
 """
 
@@ -98,6 +99,54 @@ def _forja_env(folder: Path) -> dict[str, str]:
     env = dict(os.environ, FORJA_HOME=str(folder / "home"), FORJA_FOLLOW_WINDOW_S="60", ANSIBLE_NOCOLOR="1")
     env.pop("FORJA_INVENTORY", None)
     return env
+
+
+SOLO = ("-e", "gcp_instance_name=forja-solo", "-e", "forja_hosts=forja-solo")
+
+
+def test_a_vm_beside_the_cluster_is_a_run_of_its_own(cluster: Path) -> None:
+    """One VM and the 2-VM cluster side by side on the sandbox, as the plugin lists them: the train
+    play over forja_gpu (all three) groups nodes by cluster, so the VM is node 0 of 1 and the cluster's
+    members nodes 0 and 1 of 2 (the role's own checks and decisions, tasks/validate.yml, on the real
+    VMs); `forja train` without --cluster asks which run it is to follow, before anything is sent.
+    First in the module: on the cluster as provisioned, before its training (the VM is removed again)."""
+    work = cluster / "side-by-side"
+    (work / "project").mkdir(parents=True)
+    (work / "project" / "train.py").write_text("print('training')\n")
+    decided = "{{ {'nnodes': trainer_run_nnodes | int, 'rank': trainer_run_node_rank | int, " \
+              "'nodes': trainer_run_run_nodes} | to_json }}"
+    (work / "play.yml").write_text(yaml.safe_dump([{
+        "name": "Check the inputs as the train play does", "hosts": "forja_gpu", "become": True,
+        "gather_facts": False,
+        "vars": {"trainer_run_command": ["train.py"], "trainer_run_name": "side-by-side",
+                 "trainer_run_project_dir": str(work / "project"),
+                 "trainer_run_bundle_cache": str(work / "bundles")},
+        "tasks": [
+            {"name": "Check as the role does", "ansible.builtin.include_role": {
+                "name": "forja.gpu.trainer_run", "tasks_from": "validate.yml", "public": True}},
+            {"name": "Record what the role decided", "delegate_to": "localhost", "become": False,
+             "ansible.builtin.copy": {"dest": str(work / "{{ inventory_hostname }}.json"), "mode": "0600",
+                                      "content": decided}},
+        ],
+    }]))  # fmt: skip
+    _ansible("playbooks/provision.yml", *SOLO)
+    try:
+        _ansible(str(work / "play.yml"))
+        found = {p.stem: json.loads(p.read_text()) for p in work.glob("*.json")}
+        assert found["forja-solo"] == {"nnodes": 1, "rank": 0, "nodes": ["forja-solo"]}, found
+        for rank, member in enumerate(MEMBERS):
+            assert found[member] == {"nnodes": 2, "rank": rank, "nodes": MEMBERS}, found
+        config = work / "digits.yaml"
+        config.write_text(yaml.safe_dump({"model": "trainer.demo:digits_cnn", "data": "trainer.demo:digits",
+                                          "steps": 10}))
+        refused = subprocess.run([FORJA, "-i", str(INVENTORY), "--no-host-key-checking", "train", str(config),
+                                  "--name", "never-sent"], cwd=work / "project", capture_output=True,
+                                 text=True, timeout=300, check=False, env=_forja_env(cluster))  # fmt: skip
+        assert refused.returncode == 2, refused.stdout[-2000:] + refused.stderr[-2000:]
+        assert "runs' hosts: " in refused.stderr and "forja-solo" in refused.stderr, refused.stderr
+        assert "cluster forja-elastic (forja-elastic-0, forja-elastic-1)" in refused.stderr, refused.stderr
+    finally:
+        _ansible("playbooks/teardown.yml", *SOLO, "-e", "forja_teardown_delete=true")
 
 
 @pytest.fixture(scope="module")

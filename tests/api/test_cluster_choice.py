@@ -55,19 +55,23 @@ def test_a_cluster_without_its_group_is_named_member_by_member(tmp_path: Path) -
     assert inventory.cluster(inventory.read(path), "a").group == "a-0,a-1"
 
 
-def test_a_cluster_the_inventory_lacks_is_refused_naming_those_it_has_before_a_run_is_recorded(
-    listed: Path, tmp_path: Path
-) -> None:
+def _refused_train(listed: Path, tmp_path: Path, cluster: str | None) -> str:
+    """What `train` says when it refuses the hosts, with --cluster or without; nothing is recorded."""
     config = tmp_path / "digits.yaml"
     config.write_text("steps: 10\n")
     history = History(tmp_path / "history.sqlite")
-    forja = Forja(tmp_path, inventory=listed, history=history, cluster="forja-l4")
     with pytest.raises(errors.ConfigError) as caught:
-        forja.train(config, name="never-sent")
+        Forja(tmp_path, inventory=listed, history=history, cluster=cluster).train(config, name="never-sent")
     assert caught.value.field == "--cluster"
-    said = caught.value.message
-    assert "'forja-l4' is not a cluster of the inventory (its clusters: forja-elastic)" in said
     assert history.list() == []
+    return caught.value.message
+
+
+def test_a_cluster_the_inventory_lacks_is_refused_naming_those_it_has_before_a_run_is_recorded(
+    listed: Path, tmp_path: Path
+) -> None:
+    said = _refused_train(listed, tmp_path, "forja-l4")
+    assert "'forja-l4' is not a cluster of the inventory (its clusters: forja-elastic)" in said
 
 
 def test_forja_train_cluster_says_so_once_and_exits_2(listed: Path, tmp_path: Path) -> None:
@@ -107,13 +111,6 @@ def test_train_without_a_choice_between_a_vm_and_a_cluster_is_refused_before_a_r
     listed: Path, tmp_path: Path
 ) -> None:
     """A play over both would start two runs (trainer_run groups nodes by cluster); forja follows one."""
-    config = tmp_path / "digits.yaml"
-    config.write_text("steps: 10\n")
-    history = History(tmp_path / "history.sqlite")
-    with pytest.raises(errors.ConfigError) as caught:
-        Forja(tmp_path, inventory=listed, history=history).train(config, name="never-sent")
-    assert caught.value.field == "--cluster"
-    said = caught.value.message
+    said = _refused_train(listed, tmp_path, None)
     assert "holds 2 runs' hosts: forja-l4; cluster forja-elastic (forja-elastic-0, forja-elastic-1)" in said
     assert "--cluster NAME" in said and "--limit HOST" in said
-    assert history.list() == []

@@ -143,6 +143,14 @@ def how_to_follow(run_id: str) -> str:
 
 
 @dataclass(frozen=True)
+class _SetAside:
+    """A replaced run's new name, and the bucket its checkpoints were moved in (None: no bucket)."""
+
+    aside: str
+    bucket: str | None
+
+
+@dataclass(frozen=True)
 class _RunPlan:
     """What `train` sends: the role variables that say what to run, and what the history records."""
 
@@ -536,8 +544,9 @@ class Forja:
 
         A `name` is a run's identity: a completed run's name is refused, naming the run. With
         `replace=True` an ended run of that name is kept as `<name>-replaced-<UTC time>` (its history
-        row with its events, its folder on the host, its fetched results) and the new run starts
-        afresh under the name; a running one is refused (stop it first).
+        row with its events, its folder on the host, its fetched results, its checkpoints in the
+        bucket: forja/replace.py) and the new run starts afresh under the name; a running one is
+        refused (stop it first).
 
         Following (`follow()`) has no fixed limit: it lasts as long as the run, hours or days,
         streaming progress. It stops early while the run goes on, and returns status "running" with
@@ -572,9 +581,11 @@ class Forja:
         inventory.required(self.inventory)  # no hosts named: stop before the history records a run
         self._chosen_cluster()  # nor a cluster the inventory does not have
         self._refuse_several_runs({**self.extravars, **(extravars or {})})
-        replaced = None
-        if name is not None:
-            replaced = self._set_aside(name) if replace else self._refuse_a_completed_name(name)
+        replaced: _SetAside | None = None
+        if name is not None and replace:
+            replaced = self._set_aside(name, plan, {**self.extravars, **(extravars or {})})
+        elif name is not None:
+            self._refuse_a_completed_name(name)
         self.history.start(
             run_id, name=run_id, config_path=str(plan.record_path), config_hash=_config_hash(plan.record_path)
         )
@@ -588,7 +599,8 @@ class Forja:
             "trainer_run_fetch": False,
             "forja_history_record": False,  # this history records the run itself
             **({"trainer_run_nproc_per_node": procs} if procs is not None else {}),
-            **({"trainer_run_replaced_as": replaced} if replaced else {}),
+            **({"trainer_run_replaced_as": replaced.aside,
+                "trainer_run_replaced_bucket_moved": replaced.bucket is not None} if replaced else {}),
             **(extravars or {}),
         }
         try:
@@ -642,10 +654,13 @@ class Forja:
                 "forja_node_rank in the inventory (the gcp_gpu inventory does it for gcp_instance_count > 1)",
             )
 
-    def _set_aside(self, name: str) -> str | None:
-        """`--replace`: keep the ended run `name` as `<name>-replaced-<UTC time>` (history row and
-        events, fetched results; the role moves its host folder, SET_ASIDE_TASK) so the new run starts
-        with nothing of it. None when there is no such run; a running one is refused."""
+    def _set_aside(self, name: str, plan: _RunPlan, extravars: Mapping[str, Any]) -> _SetAside | None:
+        """`--replace`: keep the ended run `name` as `<name>-replaced-<UTC time>` (forja/replace.py):
+        its history row and events, fetched results and bucket checkpoints here, its VM folder by the
+        role (SET_ASIDE_TASK), so the new run starts with nothing of it. None when there is no such
+        run; a running one is refused."""
+        from forja import replace
+
         try:
             old = self.history.get(name)
         except errors.RunNotFound:
@@ -654,25 +669,45 @@ class Forja:
             raise errors.ConfigError(
                 "replace", f"run {name!r} is {old.status}, not ended: stop it first (forja stop {name}), "
                 "then --replace it")
-        aside = f"{name[:38]}-replaced-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}"
-        self._move_results(name, aside)
+        aside = _SetAside(replace.aside_name(name), self._checkpoint_bucket(plan, extravars))
+        if aside.bucket is not None:
+            replace.move_bucket_run(self._storage_client(aside.bucket), aside.bucket, name, aside.aside)
+        replace.move_run(self.history, self.results_dir, name, aside.aside)
         return aside
 
-    def _put_back(self, aside: str, name: str) -> None:
+    def _put_back(self, aside: _SetAside, name: str) -> None:
         """Undo `_set_aside` when the play refused the replacement before touching the host."""
-        self.history.drop(name)
-        self._move_results(aside, name)
+        from forja import replace
 
-    def _move_results(self, old: str, new: str) -> None:
-        """Run `old` becomes `new`: its history row and events, and its fetched results' folder (the
-        recorded artifact_dir follows, to the same host folder inside)."""
-        record = self.history.rename(old, new)
-        source, target = self.results_dir(old), self.results_dir(new)
-        if not source.is_dir() or target.exists():
-            return
-        source.rename(target)
-        if record.artifact_dir and Path(record.artifact_dir).is_relative_to(source):
-            self.history.update(new, artifact_dir=str(target / Path(record.artifact_dir).relative_to(source)))
+        self.history.drop(name)
+        replace.move_run(self.history, self.results_dir, aside.aside, name)
+        if aside.bucket is not None:
+            replace.move_bucket_run(self._storage_client(aside.bucket), aside.bucket, aside.aside, name)
+
+    def _checkpoint_bucket(self, plan: _RunPlan, extravars: Mapping[str, Any]) -> str | None:
+        """Where the new run mirrors its checkpoints, as the trainer decides it (trainer/mirror.py):
+        the config's checkpoint_bucket, else trainer_run_checkpoint_bucket (-e, else the inventory's);
+        None when there is none."""
+        import yaml
+
+        from forja import datasets
+
+        with contextlib.suppress(OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError):
+            configured = yaml.safe_load(plan.record_path.read_text()).get("checkpoint_bucket")
+            if configured:
+                return str(configured)
+        if "trainer_run_checkpoint_bucket" in extravars:
+            return str(extravars["trainer_run_checkpoint_bucket"] or "") or None
+        found = datasets.first_host_vars(self).get("trainer_run_checkpoint_bucket")
+        return str(found) if found and "{{" not in str(found) else None
+
+    def _storage_client(self, bucket_url: str) -> Any:
+        """A Cloud Storage client as `forja data push` makes one (the inventory's emulator, project, key)."""
+        from forja import datasets
+
+        where = datasets.settings(self, bucket_url)
+        make = datasets.dataset_module().make_client
+        return make(where["project"], where["emulator"], where["credentials_file"])
 
     def _refuse_a_completed_name(self, name: str) -> None:
         """A name is a run's identity on its host (its folder, unit and checkpoints): sending a new

@@ -451,8 +451,8 @@ def train(
     ] = None,
     replace: Annotated[
         bool, typer.Option("--replace", help="Reuse the --name of an ended run: the old run is kept as "
-                           "NAME-replaced-<time> (history, results, its folder on the VM) and the new one "
-                           "starts afresh.")
+                           "NAME-replaced-<time> (history, results, its folder on the VM, its checkpoints "
+                           "in the bucket) and the new one starts afresh.")
     ] = False,
     exclude: Annotated[
         list[str] | None, typer.Option("--exclude", "-x", help="Extra glob to keep out of the upload.")

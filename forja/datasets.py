@@ -33,7 +33,7 @@ def dataset_module() -> ModuleType:
     return module_utils.load("forja_dataset", "forja._dataset_push")
 
 
-def _first_host_vars(forja: Any) -> dict[str, Any]:
+def first_host_vars(forja: Any) -> dict[str, Any]:
     """The first forja_gpu host's inventory variables (where the project's bucket is named), or {}."""
     if forja.inventory is None:
         return {}
@@ -46,7 +46,7 @@ def settings(forja: Any, bucket: str | None) -> dict[str, Any]:
     inventory's checkpoint bucket `gcp_bucket_name`; the emulator from STORAGE_EMULATOR_HOST, else
     the inventory's (the sandbox names its own); the project from FORJA_GCP_PROJECT or the inventory."""
     given = dict(forja.extravars)
-    hostvars = {} if bucket and os.environ.get(ENV_EMULATOR) else _first_host_vars(forja)
+    hostvars = {} if bucket and os.environ.get(ENV_EMULATOR) else first_host_vars(forja)
     # The inventory as written, not templated (ansible-inventory --list): a value that refers to
     # another ("gs://{{ gcp_bucket_name }}", the sandbox's) is read through the one it names.
     merged = {k: v for k, v in {**hostvars, **given}.items() if not (isinstance(v, str) and "{{" in v)}

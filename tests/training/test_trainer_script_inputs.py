@@ -50,7 +50,10 @@ CASES: dict[str, tuple[dict[str, Any], str | None]] = {
                    'trainer_run_checkpoint_bucket: "gs://Bad Bucket/x" must be gs://BUCKET or gs://BUCKET/PREFIX'),
     "replace_with_bucket": ({CMD: ["train.py"], "trainer_run_replaced_as": "train-replaced-1",
                              "trainer_run_checkpoint_bucket": "gs://my-ckpt/runs"},
-                            "the new run would resume from the old run's checkpoints there"),
+                            "needs them moved there to the new name first"),
+    "replace_with_bucket_moved": ({CMD: ["train.py"], "trainer_run_replaced_as": "train-replaced-1",
+                                   "trainer_run_checkpoint_bucket": "gs://my-ckpt/runs",
+                                   "trainer_run_replaced_bucket_moved": True}, None),
     "good_command": ({CMD: ["train.py", "--steps", "5"], "trainer_run_cpu_procs": 2}, None),
     "good_bucket": ({CMD: ["train.py"], "trainer_run_checkpoint_bucket": "gs://my-ckpt/runs/exp-1"}, None),
     "good_spec": ({"trainer_run_config": "SPEC_GOOD"}, None),
@@ -170,3 +173,4 @@ def test_a_run_spec_brings_its_command_and_an_explicit_command_wins(outcomes: di
 
 def test_a_checkpoint_bucket_of_the_right_form_is_accepted(outcomes: dict) -> None:
     assert "failed" not in outcomes["good_bucket"] and outcomes["good_bucket"]["command"] == ["train.py"]
+    assert "failed" not in outcomes["replace_with_bucket_moved"]  # forja moved the bucket's objects first

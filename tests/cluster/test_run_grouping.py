@@ -56,7 +56,10 @@ def _decided(work: Path, pattern: str) -> dict[str, dict[str, Any]]:
     }  # fmt: skip
     (work / "play.yml").write_text(yaml.safe_dump([play]))
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "FORJA_"))},
-           "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}  # fmt: skip
+           "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+           # not ansible.cfg's fact cache: facts a sandbox run cached for a VM named forja-l4 would
+           # give these local hosts its address
+           "ANSIBLE_CACHE_PLUGIN": "memory"}  # fmt: skip
     run = subprocess.run(
         [str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(work / "inventory.yml"),
          str(work / "play.yml")], cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False,

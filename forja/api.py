@@ -671,7 +671,15 @@ class Forja:
                 "then --replace it")
         aside = _SetAside(replace.aside_name(name), self._checkpoint_bucket(plan, extravars))
         if aside.bucket is not None:
-            replace.move_bucket_run(self._storage_client(aside.bucket), aside.bucket, name, aside.aside)
+            try:
+                replace.move_bucket_run(self._storage_client(aside.bucket), aside.bucket, name, aside.aside)
+            except Exception as exc:  # google-cloud-storage's errors, auth's, the network's: say which
+                why = str(getattr(exc, "message", "") or exc).splitlines()[0][:300]
+                raise errors.ForjaError(
+                    f"--replace could not move run {name!r}'s checkpoints in {aside.bucket} to "
+                    f"{aside.aside!r} ({type(exc).__name__}: {why}); nothing was sent. Objects already "
+                    f"moved are under {aside.bucket}/{aside.aside}/: move them back, or use a new --name"
+                ) from exc
         replace.move_run(self.history, self.results_dir, name, aside.aside)
         return aside
 

@@ -48,17 +48,23 @@ def test_a_runs_objects_move_to_the_new_name_and_no_other_runs(client: storage.C
     assert blob.download_as_bytes() == OLD_RUN[0].encode()  # the bytes moved with the name
 
 
-def test_replace_moves_them_and_puts_them_back_when_the_host_never_took_it(
-    client: storage.Client, filled: str, emulator: StorageEmulator, tmp_path: Path
-) -> None:
+def _ghost(tmp_path: Path, emulator: StorageEmulator, bucket_url: str) -> Forja:
+    """forja over a host nothing answers on, whose inventory names the bucket, with a completed run."""
     ghost = {"ansible_host": "127.0.0.1", "ansible_port": 1, "gcp_bucket_storage_emulator_host": emulator.url,
-             "trainer_run_checkpoint_bucket": f"gs://{filled}/checkpoints"}  # fmt: skip
+             "trainer_run_checkpoint_bucket": bucket_url}  # fmt: skip
     inventory = tmp_path / "inv.yml"
     inventory.write_text(yaml.safe_dump({"all": {"children": {"forja_gpu": {"hosts": {"ghost": ghost}}}}}))
     forja = Forja(project_dir=tmp_path, inventory=str(inventory), host_key_checking=False,
                   private_data_dir=tmp_path / "runner", history=History(tmp_path / "h.sqlite"))  # fmt: skip
     forja.history.start("digits", name="digits", hosts=["ghost"])
     forja.history.update("digits", status="completed", ended_at="2026-11-28T10:00:00+00:00", steps=300)
+    return forja
+
+
+def test_replace_moves_them_and_puts_them_back_when_the_host_never_took_it(
+    client: storage.Client, filled: str, emulator: StorageEmulator, tmp_path: Path
+) -> None:
+    forja = _ghost(tmp_path, emulator, f"gs://{filled}/checkpoints")
     before = _names(client, filled)
     seen: list[list[str]] = []
 
@@ -72,3 +78,15 @@ def test_replace_moves_them_and_puts_them_back_when_the_host_never_took_it(
     assert sum(name.startswith("checkpoints/digits-replaced-") for name in seen[0]) == 3
     assert _names(client, filled) == before  # put back: the VM never took the replacement
     assert [r.run_id for r in forja.history.list()] == ["digits"]
+
+
+def test_a_bucket_it_cannot_move_in_is_an_error_naming_it_and_nothing_is_sent(
+    client: storage.Client, emulator: StorageEmulator, tmp_path: Path
+) -> None:
+    forja = _ghost(tmp_path, emulator, "gs://forja-no-such-bucket/checkpoints")
+    before = (forja.history.get("digits"), forja.history.events("digits"))
+    with pytest.raises(errors.ForjaError) as info:
+        forja.train(DIGITS, name="digits", replace=True)
+    assert "--replace could not move run 'digits''s checkpoints in gs://forja-no-such-bucket/checkpoints" \
+        in info.value.message and "nothing was sent" in info.value.message
+    assert (forja.history.get("digits"), forja.history.events("digits")) == before

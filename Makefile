@@ -57,16 +57,17 @@ lint: venv
 # `make hosts-tier` is the rest (marked `hosts` or `slow`) in two lanes on two workers (TEST_WORKERS=2,
 # tests/lanes.py): every host test one at a time on one worker (test hosts, the sandbox, molecule;
 # the sandbox's last), and the slow tests that boot nothing (multi-process training, long emulator
-# drills) on the other, while the host lane waits on systemd, ssh and Ansible. HOST_LANES=2 (the
-# default) also splits the host tests in two lanes, the sandbox's apart: 37.5 instead of 53 minutes
-# on this 2-core machine. Its ssh and sudo waits used to time out there in one run of two: a VM
-# created or deleted changed the test bridge's MAC under the other lane's hosts (th-up.sh now fixes
-# it); HOST_LANES=1 is the one host lane. TEST_WORKERS=1 runs the tier serially. Every test phase and
+# drills) on the other, while the host lane waits on systemd, ssh and Ansible. HOST_LANES=2 also
+# splits the host tests in two lanes, the sandbox's apart: 37.5 instead of 53 minutes on this 2-core
+# machine. Its ssh and sudo waits used to time out in one run of two: a VM created or deleted changed
+# the test bridge's MAC under the other lane's hosts (th-up.sh now fixes it). Of the two two-lane
+# runs since, one passed and one failed the autostop scenario's stand-in check under the load, so
+# one host lane stays the default until that is explained. TEST_WORKERS=1 runs the tier serially. Every test phase and
 # bring-up is timed into .ci-logs/test-times.jsonl (tests/timings.py); `python bench/suite_times.py`
 # prints where it went.
 CHECK_WORKERS ?= 2
 TEST_WORKERS ?= 2
-HOST_LANES ?= 2
+HOST_LANES ?= 1
 CHECK_TIER := not hosts and not slow
 XDIST = $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 CHECK_XDIST = $(if $(filter 1,$(CHECK_WORKERS)),,-n $(CHECK_WORKERS) --dist loadfile --no-loadscope-reorder)

@@ -580,10 +580,11 @@ class Forja:
 
         inventory.required(self.inventory)  # no hosts named: stop before the history records a run
         self._chosen_cluster()  # nor a cluster the inventory does not have
-        self._refuse_several_runs({**self.extravars, **(extravars or {})})
+        given = {**self.extravars, **(extravars or {})}
+        self._refuse_several_runs(given)
         replaced: _SetAside | None = None
         if name is not None and replace:
-            replaced = self._set_aside(name, plan, {**self.extravars, **(extravars or {})})
+            replaced = self._set_aside(name, plan, given)
         elif name is not None:
             self._refuse_a_completed_name(name)
         self.history.start(
@@ -659,7 +660,7 @@ class Forja:
         its history row and events, fetched results and bucket checkpoints here, its VM folder by the
         role (SET_ASIDE_TASK), so the new run starts with nothing of it. None when there is no such
         run; a running one is refused."""
-        from forja import replace
+        from forja import datasets, replace
 
         try:
             old = self.history.get(name)
@@ -674,7 +675,7 @@ class Forja:
             try:
                 replace.move_bucket_run(self._storage_client(aside.bucket), aside.bucket, name, aside.aside)
             except Exception as exc:  # google-cloud-storage's errors, auth's, the network's: say which
-                why = str(getattr(exc, "message", "") or exc).splitlines()[0][:300]
+                why = datasets.dataset_module().api_message(exc)  # Google's words, as a push says them
                 raise errors.ForjaError(
                     f"--replace could not move run {name!r}'s checkpoints in {aside.bucket} to "
                     f"{aside.aside!r} ({type(exc).__name__}: {why}); nothing was sent. Objects already "

@@ -42,14 +42,14 @@ def move_run(history: History, results_dir: Callable[[str], Path], old: str, new
 
 
 def run_prefix(bucket_url: str, run: str) -> tuple[str, str]:
-    """(bucket, `PREFIX/<run>/`): where the trainer's mirror keeps a run's checkpoints and logs."""
-    from trainer.gcs import parse_bucket_url
+    """(bucket, `PREFIX/<run>/`): the trainer's own layout (trainer.gcs.run_prefix), what its mirror
+    resumes from; a bad URL is the setting's error."""
+    from trainer import gcs
 
     try:
-        bucket, base = parse_bucket_url(bucket_url)
+        return gcs.run_prefix(bucket_url, run)
     except ValueError as exc:
         raise errors.ConfigError("trainer_run_checkpoint_bucket", str(exc)) from None
-    return bucket, f"{base}/{run}/" if base else f"{run}/"
 
 
 def move_bucket_run(client: Any, bucket_url: str, old: str, new: str) -> int:

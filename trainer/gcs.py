@@ -65,3 +65,13 @@ def parse_bucket_url(url: str) -> tuple[str, str]:
             f"digits, '-', '_', '.'; got {url!r})"
         )
     return bucket, prefix.strip("/")
+
+
+def run_prefix(url: str, run: str) -> tuple[str, str]:
+    """(bucket, ``PREFIX/<run>/``): one run's folder under ``gs://BUCKET/PREFIX``, which holds its
+    ``checkpoints/`` and ``logs/`` (trainer/mirror.py). One home, because forja's ``--replace`` moves
+    exactly what a resume would read. ValueError for a bad URL or a run name that is no folder name."""
+    bucket, base = parse_bucket_url(url)
+    if not run or "/" in run:
+        raise ValueError(f"run name {run!r} cannot name a bucket prefix (no '/', not empty)")
+    return bucket, f"{base}/{run}/" if base else f"{run}/"

@@ -69,7 +69,7 @@ from trainer.checkpoint import (
     fsync_dir,
     verify_checkpoint,
 )
-from trainer.gcs import parse_bucket_url, storage_client
+from trainer.gcs import run_prefix, storage_client
 
 log = logging.getLogger(__name__)
 
@@ -207,11 +207,9 @@ class CheckpointMirror:
         retry_max_s: float = 60.0,
         run_dir: Path | None = None,
     ) -> None:
-        self.bucket_name, base = parse_bucket_url(url)
-        if not run or "/" in run:
-            raise ValueError(f"run name {run!r} cannot name a bucket prefix (no '/', not empty)")
-        self.prefix = f"{base}/{run}/checkpoints/" if base else f"{run}/checkpoints/"
-        self.logs_prefix = f"{base}/{run}/logs/" if base else f"{run}/logs/"
+        self.bucket_name, root = run_prefix(url, run)
+        self.prefix = f"{root}checkpoints/"
+        self.logs_prefix = f"{root}logs/"
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.keep = keep
         self.chunk_size = chunk_size

@@ -2,6 +2,10 @@
 
 import sys
 
+from trainer import distributed
 from trainer.cli import main
 
-sys.exit(main())
+code = main()
+if distributed.joined_a_group():  # a gloo thread must not outlive into finalization
+    distributed.exit_process(code)
+sys.exit(code)

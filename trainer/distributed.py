@@ -109,9 +109,9 @@ def exit_process(code: int) -> NoReturn:
     That thread then needs the GIL, cannot have it, and the process aborts ("terminate called
     without an active exception", SIGABRT) although its run completed; torchrun then reports the
     whole run failed. Two-rank launches on a 2-core machine kept busy: 4 of 78 aborted so (a core
-    dump showed exactly that thread), 0 of 120 since they end here. What finalization would do that matters is
-    done here first: other non-daemon threads are joined, atexit handlers run (logging's flush
-    among them), and stdout/stderr are flushed.
+    dump showed exactly that thread), 0 of 120 since they end here. What finalization would do
+    that matters is done here first: other non-daemon threads are joined, atexit handlers run
+    (logging's flush among them), and stdout/stderr are flushed.
     """
     main = threading.main_thread()
     for thread in threading.enumerate():

@@ -62,6 +62,7 @@ from trainer.gcs import storage_client
 log = logging.getLogger(__name__)
 
 SUFFIX = ".parquet"
+DAMAGED = ".damaged"  # a shard found not to match its manifest hash: the note says so to the other workers
 MANIFEST = "manifest.json"
 BLOBS = "datasets/blobs"
 DEFAULT_CACHE = "~/.cache/forja/shards"
@@ -187,12 +188,15 @@ class BucketSource:
         self.cache.mkdir(parents=True, exist_ok=True)
         assert shard.sha256 is not None
         final = self.cache / f"{shard.sha256}{SUFFIX}"
+        damaged = self.cache / f"{shard.sha256}{DAMAGED}"
         with _locked(self.cache / f"{shard.sha256}.lock"):
+            if damaged.exists():  # another worker found it damaged: not a second (doomed) download
+                raise UserCodeError(damaged.read_text())
             if not final.exists():
-                self._download(shard, final)
+                self._download(shard, final, damaged)
             return pa.OSFile(str(final))
 
-    def _download(self, shard: Shard, final: Path) -> None:
+    def _download(self, shard: Shard, final: Path, damaged: Path) -> None:
         blob_name = f"{BLOBS}/{shard.sha256}"
         part = final.with_name(f"{final.name}.part-{os.getpid()}")
         digest = hashlib.sha256()
@@ -200,11 +204,13 @@ class BucketSource:
             with open(part, "wb") as handle:
                 self.bucket().blob(blob_name).download_to_file(_Hashing(handle, digest))
             if digest.hexdigest() != shard.sha256:
-                raise UserCodeError(
+                problem = (
                     f"data_args.source: shard {shard.path} (gs://{self.bucket_name}/{blob_name}) has "
                     f"sha256 {digest.hexdigest()}, not the manifest's {shard.sha256}: the blob is damaged "
                     "or was replaced; push the dataset again (forja data push)"
                 )
+                damaged.write_text(problem)
+                raise UserCodeError(problem)
             os.replace(part, final)
         finally:
             part.unlink(missing_ok=True)
@@ -222,15 +228,17 @@ class BucketSource:
                 shutil.rmtree(marks, ignore_errors=True)
 
     def clean(self, keep: set[str]) -> None:
-        """Before a pass: drop what an earlier session left (done marks, partial downloads, shards
-        this pass will not read again)."""
+        """Before a pass: drop what an earlier session left (done marks, partial downloads, damage
+        notes: the dataset may have been pushed again, shards this pass will not read again)."""
         if not self.cache.is_dir():
             return
         for item in self.cache.iterdir():
             sha = item.name.split(".", 1)[0]
             if item.name.endswith(".done"):
                 shutil.rmtree(item, ignore_errors=True)
-            elif ".part-" in item.name or (item.name.endswith(SUFFIX) and sha not in keep):
+            elif ".part-" in item.name or item.name.endswith(DAMAGED) or (
+                item.name.endswith(SUFFIX) and sha not in keep
+            ):
                 item.unlink(missing_ok=True)
 
 

@@ -141,8 +141,13 @@ def test_a_shard_whose_hash_does_not_match_stops_the_run_and_is_not_kept(
         train(validate(config(tmp_path, source, "run", steps=100, num_workers=workers)))
     # Nor a partial download of it. (Whether another shard is in the cache by then is a race between
     # the DataLoader workers: with two, the damaged shard can be the first one read.)
+    # The first worker to find the damage notes it, so a second does not download it again (and
+    # is not killed mid-download by the loader's shutdown, leaving a partial file).
     left = [p.name for p in (tmp_path / "cache").rglob("*") if p.is_file()]
     assert not [n for n in left if n.startswith(sha + ".parquet")], left
+    push(shards, bucket, "digits")  # pushed again, whole: the note does not outlive it
+    again = config(tmp_path, source, "again", steps=100, num_workers=workers)
+    assert train(validate(again)).status == "completed"
 
 
 def test_a_source_that_is_not_a_dataset_url_is_named(tmp_path: Path) -> None:

@@ -232,8 +232,12 @@ def test_idle_host_is_stopped_after_the_window():
 
 
 def test_a_running_training_unit_keeps_the_vm():
-    ssh("systemctl start forja-train@unit-test.service")
+    ssh("rm -rf /var/lib/forja-standin/unit-test; systemctl start forja-train@unit-test.service")
     try:
+        # Started is not yet listening for SIGTERM: a stop before the stand-in's trap is set kills it
+        # unrecorded (seen under load). Its first heartbeat is written after the trap.
+        until(lambda: ssh("ls /var/lib/forja-standin/unit-test 2>/dev/null || true").count("heartbeat"),
+              60, "the stand-in's first heartbeat")  # fmt: skip
         record = decide_once()
         assert record["decision"] == "keep"
         assert "training unit forja-train@unit-test.service running" in record["reasons"]

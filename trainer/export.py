@@ -354,13 +354,15 @@ def load_model(
 
 
 def model_prefix(url: str, run: str) -> tuple[str, str]:
-    """(bucket, ``PREFIX/<run>/model/``) for the mirror's ``gs://BUCKET/PREFIX`` and a run name."""
-    from trainer.gcs import parse_bucket_url
+    """(bucket, ``PREFIX/<run>/model/``) for the mirror's ``gs://BUCKET/PREFIX`` and a run name:
+    inside the run's own folder (trainer.gcs.run_prefix), so ``--replace`` moves the model with it."""
+    from trainer.gcs import run_prefix
 
-    bucket, base = parse_bucket_url(url)
-    if not run or "/" in run:
-        raise ExportError(f"run name {run!r} cannot name a bucket prefix (no '/', not empty)")
-    return bucket, (f"{base}/{run}/{MODEL_DIR}/" if base else f"{run}/{MODEL_DIR}/")
+    try:
+        bucket, prefix = run_prefix(url, run)
+    except ValueError as exc:
+        raise ExportError(str(exc)) from None
+    return bucket, f"{prefix}{MODEL_DIR}/"
 
 
 def upload_model(folder: Path, url: str, run: str, timeout_s: float = 120.0) -> str:

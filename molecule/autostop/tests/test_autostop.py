@@ -243,7 +243,10 @@ def test_a_running_training_unit_keeps_the_vm():
         assert "training unit forja-train@unit-test.service running" in record["reasons"]
     finally:
         ssh("systemctl stop forja-train@unit-test.service")
-    assert "checkpointed" in ssh("ls /var/lib/forja-standin/unit-test")  # the stand-in saw SIGTERM
+    unit = "forja-train@unit-test.service"
+    how = ssh(f"systemctl show {unit} -p Result -p ExecMainCode -p ExecMainStatus;"
+              f" journalctl -u {unit} --no-pager -n 12 -o short-monotonic || true")  # fmt: skip
+    assert "checkpointed" in ssh("ls /var/lib/forja-standin/unit-test"), how  # the stand-in saw SIGTERM
 
 
 def test_a_stalled_run_is_stopped_and_a_run_reporting_progress_is_not():

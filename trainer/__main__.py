@@ -5,7 +5,4 @@ import sys
 from trainer import distributed
 from trainer.cli import main
 
-code = main()
-if distributed.joined_a_group():  # a gloo thread must not outlive into finalization
-    distributed.exit_process(code)
-sys.exit(code)
+sys.exit(distributed.finish(main()))  # a gloo thread must not live on into finalization

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from trainer.config import ConfigError
 
-_joined = False  # set once this process joins a group: its exit then skips finalization (exit_process)
+_joined = False  # set once this process is in a group (setup, teardown): it then ends by exit_process
 
 
 @dataclass(frozen=True)
@@ -96,9 +96,12 @@ def setup(device_kind: str, timeout_s: float) -> World:
     return World(rank=rank, local_rank=local_rank, size=size, device=device, control_group=control)
 
 
-def joined_a_group() -> bool:
-    """Whether this process joined a process group (still or once): see :func:`exit_process`."""
-    return _joined or (dist.is_available() and dist.is_initialized())
+def finish(code: int) -> int:
+    """``code``, for a process that never joined a process group; one that did (now or before)
+    ends here instead, through :func:`exit_process`. Use: ``sys.exit(distributed.finish(code))``."""
+    if _joined or (dist.is_available() and dist.is_initialized()):
+        exit_process(code)
+    return code
 
 
 def exit_process(code: int) -> NoReturn:
@@ -131,7 +134,9 @@ def teardown(world: World | None = None) -> None:
     whole completed run as failed. After an error there is no barrier: a dead peer would hold it
     for the whole timeout.
     """
+    global _joined
     if dist.is_available() and dist.is_initialized():
+        _joined = True  # a group the caller joined itself (runlib): its process still ends by finish()
         if world is not None:
             barrier(world)
         dist.destroy_process_group()

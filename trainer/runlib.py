@@ -223,7 +223,7 @@ def main(fn: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
     errors in your data or arguments) end with codes the unit does not restart; anything else is a
     failure (1) that a restart resumes. Use: ``sys.exit(runlib.main(train))``.
     A script that joined a process group leaves it here, and its process ends here with the code
-    (distributed.exit_process: a gloo thread must not live on into the interpreter's finalization).
+    (distributed.finish: a gloo thread must not live on into the interpreter's finalization).
     """
     from trainer.errors import describe, exit_code_for
 
@@ -234,18 +234,13 @@ def main(fn: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
         if code == FAILED:
             log.exception("failed")
         print(describe(exc), file=sys.stderr, flush=True)
-        if distributed.joined_a_group():  # no barrier after an error: a dead peer would hold it
-            distributed.exit_process(code)
-        return code
+        return distributed.finish(code)  # no barrier after an error: a dead peer would hold it
     # A script that returns without leaving its process group lets the interpreter tear the gloo
     # threads down while a peer is still finishing, and that peer aborts ("terminate called without
     # an active exception"): wait for every rank, then leave (distributed.teardown).
-    joined = distributed.joined_a_group()
     if dist.is_available() and dist.is_initialized():
         distributed.teardown(distributed.World(rank=dist.get_rank(), size=dist.get_world_size()))
-    if joined:
-        distributed.exit_process(code)
-    return code
+    return distributed.finish(code)
 
 
 def _current_world() -> distributed.World:

@@ -97,7 +97,6 @@ SUMMARY_FILE = "summary.json"
 MARKER_RE = re.compile(r"^ckpt-(\d+)\.pt" + re.escape(MARKER_SUFFIX) + "$")
 
 
-
 class MirrorUnavailable(RuntimeError):
     """The bucket cannot be read, and the local disk holds no checkpoint to resume from instead.
 

@@ -55,21 +55,20 @@ lint: venv
 # Two tiers. `make check` is the edit loop: every test that needs no test host and no sandbox (unit,
 # emulator, localhost plays), on both cores (CHECK_WORKERS); `make lint check` adds the linters.
 # `make hosts-tier` is the rest (marked `hosts` or `slow`) in two lanes on two workers (TEST_WORKERS=2,
-# tests/lanes.py): every host test one at a time on one worker (test hosts, the sandbox, molecule;
-# the sandbox's last), and the slow tests that boot nothing (multi-process training, long emulator
-# drills) on the other, while the host lane waits on systemd, ssh and Ansible. HOST_LANES=2 also
-# splits the host tests in two lanes, the sandbox's apart: 37.5 instead of 53 minutes on this 2-core
-# machine. Its ssh and sudo waits used to time out in one run of two: a VM created or deleted changed
-# the test bridge's MAC under the other lane's hosts (th-up.sh now fixes it). Of the four two-lane
-# runs since, two passed (host tier 2,196 s and 2,291 s) and two failed the autostop scenario's
-# stand-in check (no checkpoint marker after systemctl stop, its trap set), so one host lane stays
-# the default until that is explained; the check now prints how the unit ended.
+# tests/lanes.py): the host tests in two lanes that share nothing (HOST_LANES=2), the test sandbox's
+# (its VMs, its port, local port 8888) and the other test hosts', each lane one test at a time, and
+# the slow tests that boot nothing (multi-process training, long emulator drills) on whichever
+# worker is free. Two host lanes took 37-38 minutes on this 2-core machine where one took 53
+# (HOST_LANES=1: every host test on one worker). The two failures seen in two lanes are fixed at
+# their cause: a VM created or deleted changed the test bridge's MAC under the other lane's hosts
+# (th-up.sh keeps it), and the autostop stand-in's forked `date` was killed by systemd's stop
+# before it wrote its mark (it writes with bash's own printf).
 # TEST_WORKERS=1 runs the tier serially. Every test phase and
 # bring-up is timed into .ci-logs/test-times.jsonl (tests/timings.py); `python bench/suite_times.py`
 # prints where it went.
 CHECK_WORKERS ?= 2
 TEST_WORKERS ?= 2
-HOST_LANES ?= 1
+HOST_LANES ?= 2
 CHECK_TIER := not hosts and not slow
 XDIST = $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 CHECK_XDIST = $(if $(filter 1,$(CHECK_WORKERS)),,-n $(CHECK_WORKERS) --dist loadfile --no-loadscope-reorder)

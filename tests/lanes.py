@@ -50,8 +50,9 @@ def lane_of(nodeid: str, host_files: frozenset[str], host_lanes: int = 1) -> str
 
 
 def host_lanes() -> int:
-    """HOST_LANES: 1 (every host test on one worker) or 2 (the sandbox's apart); refused otherwise."""
-    lanes = os.environ.get("HOST_LANES", "1")
+    """HOST_LANES: 2 (the sandbox's apart, the default, as in the Makefile) or 1 (every host test on
+    one worker); refused otherwise."""
+    lanes = os.environ.get("HOST_LANES", "2")
     if lanes not in ("1", "2"):
         raise pytest.UsageError(f"HOST_LANES={lanes!r}: use 1 (one host lane) or 2 (the sandbox's apart)")
     return int(lanes)

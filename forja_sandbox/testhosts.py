@@ -240,14 +240,15 @@ def lowerdirs(image: str = "golden", release: str | None = None, over: Path | No
 
 def layer_key(inputs: list[Path], *extra: str) -> str:
     """A short hash of every file under ``inputs`` (names and contents) and of ``extra``: what a
-    cached layer was built from, so a change to any of them names a new layer."""
+    cached layer was built from, so a change to any of them names a new layer. Names are taken
+    from each input's own name down, so two checkouts of one commit, in any folders, share a layer."""
     digest = hashlib.sha256("\0".join(extra).encode())
     for root in sorted(inputs):
         files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
         for path in files:
             if "__pycache__" in path.parts:
                 continue
-            digest.update(f"\0{path}\0".encode())
+            digest.update(f"\0{path.relative_to(root.parent)}\0".encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()[:12]
 
@@ -421,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
     p_up = sub.add_parser("up", help="boot hosts")
     p_up.add_argument("--image", choices=IMAGES, default="golden",
                       help="golden, or dlvm: the golden image plus the Deep Learning VM layer")
+    p_up.add_argument("--over", type=Path, help="a cached layer on top of the image (python -m "
+                      "forja_sandbox.hostlayers NAME prints one)")
     p_up.add_argument("index", type=int, nargs="+")
     p_stop = sub.add_parser("stop", help="halt hosts, keeping their disks")
     p_stop.add_argument("index", type=int, nargs="+")
@@ -438,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
             print(ensure_wheelhouse(tuple(args.requirement)))
         elif args.cmd == "up":
             for i in args.index:
-                h = up(i, image=args.image)
+                h = up(i, image=args.image, over=args.over)
                 print(f"{h.name} {h.address}")
         elif args.cmd == "stop":
             for i in args.index:

@@ -6,23 +6,24 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from apihosts import ensure_wheelhouse
 
-from forja_sandbox import testhosts
+from forja_sandbox import hostlayers, testhosts
 
 
 @pytest.fixture(scope="session")
 def th6() -> Iterator[testhosts.Host]:
-    """One th6 for every API test module: its trainer environment is built once per session.
+    """One th6 for every API test module.
 
-    It boots the Deep Learning VM layer, as forja's VMs do: trainer_run layers its environment on the
-    image's own PyTorch instead of installing a second one (the install path on a plain image is
-    molecule/trainer_run's th3). The wheelhouse holds the trainer's other pins.
+    It boots the Deep Learning VM layer, as forja's VMs do (trainer_run layers its environment on the
+    image's own PyTorch; the install path on a plain image is molecule/trainer_run's th3), with the
+    trainer's environment already built over it (forja_sandbox/hostlayers.py: built once, by the
+    role's own tasks, until what it is built from changes). The wheelhouse holds the trainer's pins.
     """
     if os.geteuid() != 0:
         pytest.skip("test hosts need root")
-    ensure_wheelhouse()
-    host = testhosts.up(6, image="dlvm")
+    layer = hostlayers.trainer_env()
+    testhosts.down(6)  # a th6 left by an interrupted run may have other layers
+    host = testhosts.up(6, image="dlvm", over=layer)
     try:
         yield host
     finally:

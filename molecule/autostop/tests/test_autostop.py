@@ -321,6 +321,12 @@ def test_bad_config_is_refused_with_the_field_named():
     assert "rc=2" in out and "'idle_minutes'" in out
 
 
+#: The long cell's release: it runs until this file exists.
+CELL_RELEASE = "/tmp/forja-autostop-release-cell"
+LONG_CELL = (f"import os, time\nwhile not os.path.exists({CELL_RELEASE!r}):\n    time.sleep(0.2)\n"
+             "print('released')")
+
+
 def test_a_kernel_running_a_long_cell_keeps_the_vm_and_an_idle_kernel_does_not():
     token = ssh("cat /var/lib/forja/jupyter/token")
     ssh(f"rm -rf {TEST_STATE}")
@@ -329,15 +335,14 @@ def test_a_kernel_running_a_long_cell_keeps_the_vm_and_an_idle_kernel_does_not()
         ADDRESS, "ansible", key, JUPYTER_PORT, strict_host_key_checking="no", known_hosts_file="/dev/null"
     ) as tunnel:
         # Colab runs a cell that takes longer than the idle window, through the real http_over_ws path.
-        # The cell is long (45 s) so that a slow first kernel start on a freshly built host still
-        # leaves a wide busy stretch to observe.
+        # The cell runs until the test releases it (a file in the host's /tmp, which the kernel shares):
+        # busy for as long as the checks below need, however slow the first kernel start.
+        ssh(f"rm -f {CELL_RELEASE}")
         result: dict[str, object] = {}
 
         def run_cell() -> None:
             try:
-                result["out"] = colab.run_via_http_over_ws(
-                    tunnel.base_url, token, "import time; time.sleep(45); print('slept')", timeout_s=150
-                )
+                result["out"] = colab.run_via_http_over_ws(tunnel.base_url, token, LONG_CELL, timeout_s=300)
             except Exception as exc:  # reported by the main thread
                 result["error"] = exc
 
@@ -353,13 +358,16 @@ def test_a_kernel_running_a_long_cell_keeps_the_vm_and_an_idle_kernel_does_not()
             return record["decision"] == "keep" and busy and record
 
         try:
-            until(kernel_busy, 60, "the busy kernel to keep the VM")
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}; decisions seen: {seen[:2]} ... {seen[-2:]}") from None
-        time.sleep(7)  # longer than the 6 s window: still kept while the cell runs
-        assert decide_once()["decision"] == "keep"
-        cell.join(timeout=150)
-        assert result.get("out") == "slept\n"
+            try:
+                until(kernel_busy, 120, "the busy kernel to keep the VM")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; decisions seen: {seen[:2]} ... {seen[-2:]}") from None
+            time.sleep(7)  # longer than the 6 s window: still kept while the cell runs
+            assert decide_once()["decision"] == "keep"
+        finally:
+            ssh(f"touch {CELL_RELEASE}")
+        cell.join(timeout=120)
+        assert result.get("out") == "released\n", result
         # A Colab tab left open: its kernel stays, idle. Only the tunnel and that kernel remain.
         reply = requests.post(
             tunnel.base_url + "/api/kernels", headers={"Authorization": f"token {token}"}, json={}, timeout=30

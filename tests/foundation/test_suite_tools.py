@@ -118,6 +118,10 @@ def test_the_host_tier_runs_every_host_file_in_one_lane_and_each_other_file_alon
     assert lane_of("tests/api/test_long_runs.py::test_b", hosts, 2) == "hosts"
     cpu = "tests/training/test_trainer_ddp.py"
     assert lane_of(f"{cpu}::test_c", hosts, 2) == cpu
+    # a host file with a host of its own, in the sandbox's lane to even the two lanes
+    drift = hosts | {"tests/rerun/test_drift.py"}
+    assert lane_of("tests/rerun/test_drift.py::test_f", drift, 2) == "sandbox"
+    assert lane_of("tests/rerun/test_drift.py::test_f", drift) == "hosts"
 
 
 def test_the_check_tier_names_a_test_that_reaches_a_host_or_the_sandbox(

@@ -50,12 +50,12 @@ def lane_of(nodeid: str, host_files: frozenset[str], host_lanes: int = 1) -> str
     the other worker (torch and emulator tests that boot nothing). `host_lanes=2` (HOST_LANES) splits
     the host tests in two lanes that share nothing: the test sandbox's ("sandbox": its VMs, its port,
     local port 8888; then `SANDBOX_LANE_TOO`) and the rest ("hosts": test hosts of fixed indices, each
-    suite its own). Without
-    host tests in the run, the groups of `xdist_group_of`."""
-    if nodeid.split("::", 1)[0] not in host_files:
-        return xdist_group_of(nodeid)
-    sandbox_lane = xdist_group_of(nodeid) == "sandbox" or nodeid.split("::", 1)[0] in SANDBOX_LANE_TOO
-    return "sandbox" if host_lanes == 2 and sandbox_lane else "hosts"
+    suite its own). Without host tests in the run, the groups of `xdist_group_of`."""
+    path = nodeid.split("::", 1)[0]
+    group = xdist_group_of(nodeid)
+    if path not in host_files:
+        return group
+    return "sandbox" if host_lanes == 2 and (group == "sandbox" or path in SANDBOX_LANE_TOO) else "hosts"
 
 
 def host_lanes() -> int:

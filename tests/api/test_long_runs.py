@@ -105,14 +105,26 @@ def unit_state(host: testhosts.Host, run: str) -> str:
     return ssh(host, f"systemctl is-active forja-train@{run}.service || true").strip()
 
 
-def wait_for_steps(host: testhosts.Host, run: str, deadline_s: float = 300) -> None:
-    """Until the run has written a metrics line (it trains), read on the host itself."""
+def wait_for_steps(
+    host: testhosts.Host, run: str, command: subprocess.Popen[str], deadline_s: float = 300
+) -> None:
+    """Until the run has written a metrics line (it trains), read on the host itself. A `command`
+    that ends first, or a run that never trains, fails with what the command and the unit said."""
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
         if ssh(host, f"sudo cat /var/lib/forja/runs/{run}/metrics.jsonl 2>/dev/null || true").strip():
             return
+        if command.poll() is not None:
+            break
         time.sleep(1)
-    raise AssertionError(f"run {run} wrote no metrics within {deadline_s} s")
+    if command.poll() is None:
+        command.kill()
+    stdout, stderr = command.communicate(timeout=60)
+    unit = ssh(host, f"systemctl status --no-pager forja-train@{run}.service 2>&1; "
+                     f"sudo journalctl --no-pager -n 40 -u forja-train@{run}.service 2>&1 || true")
+    raise AssertionError(f"run {run} wrote no metrics (command exit {command.returncode}, "
+                         f"{deadline_s - max(0.0, end - time.monotonic()):.0f} s)\n"
+                         f"stdout: {stdout[-2000:]}\nstderr: {stderr[-3000:]}\nunit: {unit[-3000:]}")
 
 
 def test_following_outlives_every_window_until_the_run_completes(api: Forja, project: Path) -> None:
@@ -164,7 +176,7 @@ def test_ctrl_c_detaches_and_the_run_goes_on_to_complete(
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )
     try:
-        wait_for_steps(th6, "long-ctrl-c")
+        wait_for_steps(th6, "long-ctrl-c", proc)
         time.sleep(WINDOW_S + 1)  # following, past at least one window
         assert proc.poll() is None, proc.communicate()
         interrupted = time.monotonic()

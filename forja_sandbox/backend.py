@@ -64,8 +64,10 @@ class TestHostBackend:
         last: int = LAST_INDEX,
         enforce_firewall: bool = True,
         metadata_url: str | None = None,
+        boot_over_file: Path | None = None,
     ) -> None:
         self._file = bindings_file
+        self._boot_over_file = boot_over_file
         # With a metadata server's URL, hosts run the guest-agent stand-in and have no baked-in key:
         # SSH access is then what the instance's `ssh-keys` metadata grants, as on GCE.
         self._metadata_url = metadata_url
@@ -111,12 +113,24 @@ class TestHostBackend:
             self._save()
             return free[0]
 
+    def boot_over(self, image: str) -> Path | None:
+        """The cached layer (forja_sandbox/hostlayers.py) a new host of ``image`` boots over: what the
+        boot-over file names for it (`service.boot_over`), read at each boot; by default none, so a
+        VM's first converge installs everything, as on Google Cloud. Tests whose subject is not the
+        install (a cluster's training, a Spot VM's move) name one to save the converge's pip installs.
+        """
+        if self._boot_over_file is None or not self._boot_over_file.exists():
+            return None
+        layer = json.loads(self._boot_over_file.read_text()).get(image)
+        return Path(layer) if layer else None
+
     def create(self, instance: dict[str, Any]) -> str:
         index = self._bind(instance)
         testhosts.down(index)  # a fresh disk, whatever an earlier instance left in this slot
         rules = self._ruleset(instance)
-        address = testhosts.up(index, image=image_of(instance), firewall=rules,
-                               metadata_url=self._metadata_url).address
+        image = image_of(instance)
+        address = testhosts.up(index, image=image, firewall=rules, metadata_url=self._metadata_url,
+                               over=self.boot_over(image)).address
         self._reload_if_changed(instance, index, rules)
         return address
 
@@ -125,8 +139,9 @@ class TestHostBackend:
         # for a slot whose disk is gone.
         index = self._bind(instance)
         rules = self._ruleset(instance)
-        address = testhosts.up(index, image=image_of(instance), firewall=rules,
-                               metadata_url=self._metadata_url).address
+        image = image_of(instance)
+        address = testhosts.up(index, image=image, firewall=rules, metadata_url=self._metadata_url,
+                               over=self.boot_over(image)).address
         self._reload_if_changed(instance, index, rules, always=True)  # it may have been up already
         return address
 

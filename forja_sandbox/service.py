@@ -56,6 +56,10 @@ class SandboxPaths:
         return self.root / "emulator.pid"
 
     @property
+    def boot_over(self) -> Path:
+        return self.root / "boot-over.json"
+
+    @property
     def log(self) -> Path:
         return self.root / "emulator.log"
 
@@ -214,6 +218,23 @@ def inject_fault(**rule: Any) -> None:
         resp.read()
 
 
+def boot_over(layers: dict[str, Path] | None) -> None:
+    """Boot the sandbox's new VMs of an image (`dlvm`, `golden`) over a cached layer from now on
+    (forja_sandbox/hostlayers.py), or, with None, over none again (the default). For tests whose VMs'
+    install is not what they test; the running service reads it at each boot."""
+    sp = paths()
+    if not layers:
+        sp.boot_over.unlink(missing_ok=True)
+        return
+    missing = [f"{image}: {layer}" for image, layer in layers.items() if not Path(layer).is_dir()]
+    if missing:
+        raise FileNotFoundError(f"no such layer to boot over: {', '.join(missing)}")
+    sp.root.mkdir(parents=True, exist_ok=True)
+    tmp = sp.boot_over.with_suffix(".tmp")
+    tmp.write_text(json.dumps({image: str(layer) for image, layer in layers.items()}))
+    tmp.replace(sp.boot_over)
+
+
 def stop_service() -> None:
     """Stop the emulator process; instances and hosts stay as they are."""
     sp = paths()
@@ -234,7 +255,7 @@ def destroy() -> None:
     stop_service()
     sp = paths()
     TestHostBackend(sp.bindings).remove_all()
-    for f in (sp.state, sp.bindings, sp.info):
+    for f in (sp.state, sp.bindings, sp.info, sp.boot_over):
         f.unlink(missing_ok=True)
     shutil.rmtree(sp.storage, ignore_errors=True)
 
@@ -314,7 +335,7 @@ def serve(p: int) -> None:
     # keys reach them only through metadata, read by the guest-agent stand-in (guest_agent/).
     first, last = host_slots()
     backend = TestHostBackend(sp.bindings, first=first, last=last, enforce_firewall=True,
-                              metadata_url=metadata_url(p))
+                              metadata_url=metadata_url(p), boot_over_file=sp.boot_over)
     emulator = ComputeEmulator(host="127.0.0.1", port=p, backend=backend, projects=(PROJECT,),
                                state_file=sp.state)
     sp.pid.write_text(str(os.getpid()))  # only once the port is ours: a loser of a race exits above

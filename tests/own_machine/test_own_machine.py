@@ -6,8 +6,10 @@ timings shortened), next to the same group_vars/all as in inventory/, so the pre
 is the one tested. site.yml must create no VM and refuse the NVIDIA driver on a machine without an
 NVIDIA GPU before changing anything; trainer_run, Jupyter and autostop must run as on a VM (a run
 priced at 0: no GCP price), and autostop, idle, must shut Jupyter's kernels down and leave the
-machine and Jupyter up, once per idle stretch. The host boots with the Deep Learning VM layer only
-for its PyTorch (a workstation that has it already), so that training takes seconds, not a 5 GB install.
+machine and Jupyter up, once per idle stretch. The host boots with the Deep Learning VM layer for its
+PyTorch (a workstation that has it already), so that training takes seconds, not a 5 GB install, and
+over the roles' environments as they build them (the site-env layer, forja_sandbox/hostlayers.py):
+what is tested here is the own machine, not pip.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import playout
 import pytest
 import yaml
 
-from forja_sandbox import testhosts
+from forja_sandbox import hostlayers, testhosts
 
 pytestmark = [pytest.mark.hosts, pytest.mark.slow]
 
@@ -91,7 +93,8 @@ def own_inventory(folder: Path, host: testhosts.Host) -> Path:
 def machine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Machine]:
     folder = tmp_path_factory.mktemp("own_machine")
     testhosts.down(INDEX)
-    host = testhosts.up(INDEX, image="dlvm")  # no metadata_url: no guest agent nor metadata server
+    # no metadata_url: no guest agent nor metadata server
+    host = testhosts.up(INDEX, image="dlvm", over=hostlayers.site_env())
     yield Machine(host, own_inventory(folder, host))
     testhosts.down(INDEX)
 

@@ -115,9 +115,10 @@ class TestHostBackend:
 
     def boot_over(self, image: str) -> Path | None:
         """The cached layer (forja_sandbox/hostlayers.py) a new host of ``image`` boots over: what the
-        boot-over file names for it (`service.boot_over`), read at each boot; by default none, so a
+        boot-over file names for it (`service.boot_over`), read at each create; by default none, so a
         VM's first converge installs everything, as on Google Cloud. Tests whose subject is not the
         install (a cluster's training, a Spot VM's move) name one to save the converge's pip installs.
+        A started VM boots its own disk's layers, whatever the file says now.
         """
         if self._boot_over_file is None or not self._boot_over_file.exists():
             return None
@@ -139,9 +140,8 @@ class TestHostBackend:
         # for a slot whose disk is gone.
         index = self._bind(instance)
         rules = self._ruleset(instance)
-        image = image_of(instance)
-        address = testhosts.up(index, image=image, firewall=rules, metadata_url=self._metadata_url,
-                               over=self.boot_over(image)).address
+        address = testhosts.up(index, image=image_of(instance), firewall=rules,
+                               metadata_url=self._metadata_url).address
         self._reload_if_changed(instance, index, rules, always=True)  # it may have been up already
         return address
 

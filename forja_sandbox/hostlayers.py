@@ -71,7 +71,8 @@ class EnvLayer:
 
 
 TRAINER_ENV = EnvLayer("trainer-env", "trainer_env.yml", PIP_ARGS, _TRAINER_INPUTS, builder=38)
-SITE_ENV = EnvLayer("site-env", "site_env.yml", "", (*_TRAINER_INPUTS, "roles/jupyter_colab"), builder=37)
+SITE_ENV = EnvLayer("site-env", "site_env.yml", "", ("forja_sandbox/layers/trainer_env.yml", *_TRAINER_INPUTS,
+                                                      "roles/jupyter_colab"), builder=37)
 
 
 def trainer_requirements() -> list[str]:

@@ -15,11 +15,13 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
 
-from forja_sandbox import service, testhosts
+from forja_sandbox import hostlayers, service, testhosts
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = REPO / "inventory" / "sandbox"
@@ -92,3 +94,15 @@ def remove_leftovers() -> None:
     for index in testhosts.running():
         if not FIRST_INDEX <= index <= LAST_INDEX:
             testhosts.down(index)
+
+
+@contextmanager
+def vms_over_the_site_env() -> Iterator[None]:
+    """The test sandbox's new VMs boot over the site-env layer (forja_sandbox/hostlayers.py) while the
+    block runs: for tests whose subject is not the install (a cluster's training, a Spot VM's move).
+    The first VM of the site e2e converges from scratch."""
+    service.boot_over({"dlvm": hostlayers.site_env()})
+    try:
+        yield
+    finally:
+        service.boot_over(None)

@@ -78,7 +78,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, sandbox_cloud: dict[str, s
     """The two VMs, provisioned on the test run's sandbox; torn down (both deleted) at the end,
     whatever happened, so the sandbox is left as it was found."""
     try:
-        _ansible("playbooks/provision.yml", *CLUSTER)
+        with testsandbox.vms_over_the_site_env():  # their training is tested here, not the install
+            _ansible("playbooks/provision.yml", *CLUSTER)
         yield tmp_path_factory.mktemp("cluster")
     finally:
         if _instances():  # a test failed before the teardown test ran

@@ -7,6 +7,7 @@ import contextlib
 import fcntl
 import os
 import shutil
+import signal
 import tempfile
 import time
 from typing import Any
@@ -65,7 +66,15 @@ def _is_host_tier_controller(config: pytest.Config) -> bool:
 
 def pytest_configure(config: pytest.Config) -> None:
     """The xdist controller of a run that may hold host tests names a file for the workers' list of
-    host files (`lane_of`); the workers, started after this, inherit its path."""
+    host files (`lane_of`); the workers, started after this, inherit its path.
+
+    A run started in the background by a shell without job control (`make test &`, nohup) inherits
+    SIGINT ignored, and so would every command a test starts: Python keeps an ignored SIGINT, so
+    `forja tunnel` then sat through a test's Ctrl-C until its 60 s kill (the e2e took 450 s longer).
+    A handler here is reset to the default at each exec, so the workers and the commands they start
+    get Ctrl-C as a user's terminal gives it."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if _is_host_tier_controller(config):
         lanes.host_lanes()  # a bad HOST_LANES is said before any worker starts
         handle, path = tempfile.mkstemp(prefix="forja-host-files-")

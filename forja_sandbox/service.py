@@ -221,7 +221,8 @@ def inject_fault(**rule: Any) -> None:
 def boot_over(layers: dict[str, Path] | None) -> None:
     """Boot the sandbox's new VMs of an image (`dlvm`, `golden`) over a cached layer from now on
     (forja_sandbox/hostlayers.py), or, with None, over none again (the default). For tests whose VMs'
-    install is not what they test; the running service reads it at each boot."""
+    install is not what they test; the running service reads it at each create (a started VM keeps
+    its own disk's layers)."""
     sp = paths()
     if not layers:
         sp.boot_over.unlink(missing_ok=True)

@@ -1,4 +1,4 @@
-"""Which layer the sandbox's new VMs boot over (`service.boot_over`, read by the backend at each boot):
+"""Which layer the sandbox's new VMs boot over (`service.boot_over`, read by the backend at each create):
 none unless a test names one, and a layer that is not there is refused before anything is written.
 Booting over a layer is tests/foundation/test_testhosts.py's; the tests that use this are the
 cluster's and the Spot drill's."""
@@ -27,7 +27,7 @@ def test_a_named_layer_is_booted_over_by_image_until_it_is_cleared(sandbox_dir: 
     layer = tmp_path / "site-env-abc"
     layer.mkdir()
     service.boot_over({"dlvm": layer})
-    assert backend.boot_over("dlvm") == layer  # read at each boot: the running service needs no restart
+    assert backend.boot_over("dlvm") == layer  # read at each create: the running service needs no restart
     assert backend.boot_over("golden") is None
 
     service.boot_over(None)

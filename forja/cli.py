@@ -45,6 +45,7 @@ from forja import trainer_config
 from forja.api import Forja
 from forja.errors import ConfigError, ExitCode, ForjaError
 from forja.token_file import read_private
+from trainer import finite
 from trainer.summary import HEADLINE
 
 EXIT_CODES_HELP = (
@@ -238,7 +239,10 @@ def verb(
 
 # -- printing -----------------------------------------------------------------------------------
 def _emit_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(fmt.plain(obj, drop=("events",)), indent=2, default=str) + "\n")
+    """What --json prints: full precision, and a NaN or Inf figure (a diverged run's loss, a live
+    fp16 overflow) as null plus a ``nonfinite`` flag, as in the run's own files (trainer.finite),
+    never the bare ``NaN`` that jq and most JSON readers refuse."""
+    sys.stdout.write(finite.dumps(fmt.plain(obj, drop=("events",)), indent=2, default=str) + "\n")
 
 
 def _steps(step: int | None, total: int | None) -> str:

@@ -116,6 +116,7 @@ class LiveSample:
 
 
 def _number(value: float) -> float | None:
+    """A GPU gauge's value; NaN (the exporter had no reading) is None."""
     return None if math.isnan(value) else float(value)
 
 
@@ -129,7 +130,7 @@ def parse(text: str, url: str = "", scraped_at: float | None = None) -> LiveSamp
             labels = sample.labels
             run = run or labels.get("run", "")
             if sample.name in RUN_GAUGES:
-                run_values[RUN_GAUGES[sample.name]] = _number(sample.value)
+                run_values[RUN_GAUGES[sample.name]] = float(sample.value)  # a NaN loss is the run's, said
             elif sample.name == PHASE_GAUGE and sample.value == 1:
                 phase = labels.get("phase", "")
             elif sample.name in GPU_GAUGES and "gpu" in labels:

@@ -55,9 +55,19 @@ def finite_record(record: Mapping[str, Any]) -> dict[str, Any]:
     return cleaned
 
 
-def dumps(record: Mapping[str, Any], **kwargs: Any) -> str:
-    """``json.dumps`` of :func:`finite_record`: always valid JSON (never ``NaN`` or ``Infinity``)."""
-    return json.dumps(finite_record(record), allow_nan=False, **kwargs)
+def finite_value(value: Any) -> Any:
+    """:func:`finite_record` for any JSON value: an object gets its flags, each object in a list
+    its own; a bare non-finite number (no object to name it in) is null."""
+    if isinstance(value, Mapping):
+        return finite_record(value)
+    if isinstance(value, list | tuple):
+        return [finite_value(v) for v in value]
+    return _value(value, {}, "")
+
+
+def dumps(record: Any, **kwargs: Any) -> str:
+    """``json.dumps`` of :func:`finite_value`: always valid JSON (never ``NaN`` or ``Infinity``)."""
+    return json.dumps(finite_value(record), allow_nan=False, **kwargs)
 
 
 # -- weights ---------------------------------------------------------------------------------------

@@ -14,14 +14,17 @@ from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
+from typer.testing import CliRunner
 
 from forja.api import Forja
+from forja.cli import app
 from forja.history import History
 from forja.ui.server import Dashboard, make_app
 from trainer import finite
 from trainer.live import LiveMetrics
 
 TOKEN = "t0ken-for-the-test"
+runner = CliRunner()
 
 
 def strict(text: str) -> Any:
@@ -72,3 +75,31 @@ def test_a_diverged_run_with_a_nan_summary_is_listed_and_its_page_opens(client: 
     assert page.status_code == 200, page.text
     summary = strict(page.text)["summary"]
     assert summary["final_loss"] is None and summary[finite.FLAG] == {"final_loss": "nan"}
+
+
+@pytest.mark.parametrize(("loss", "word"), [(math.nan, "nan"), (math.inf, "inf")])
+def test_forja_top_names_a_non_finite_loss_and_its_json_stays_json(
+    tmp_path: Path, loss: float, word: str
+) -> None:
+    """On screen the loss reads `nan` or `inf`, not the empty cell of "no loss yet"; under --json it
+    is null plus the flag, as in the dashboard's JSON (was: a NaN loss read as missing, and --json
+    printed a bare `Infinity`)."""
+    live = LiveMetrics("bad-loss", tmp_path)
+    port = live.serve(0, 1)
+    assert port is not None
+    try:
+        live.track(100, lambda: 0.01)
+        live.progress(5)
+        live.logged(loss, 120.0, None, 0.0)
+        url = f"http://127.0.0.1:{port}/metrics"
+        shown = runner.invoke(app, ["top", "--once", "--url", url], terminal_width=120)
+        assert shown.exit_code == 0, shown.output
+        (line,) = [x for x in shown.output.splitlines() if x.strip().startswith("loss ")]
+        assert line.split() == ["loss", word]
+        printed = runner.invoke(app, ["--json", "top", "bad-loss", "--url", url])
+        assert printed.exit_code == 0, printed.output
+        [sample] = strict(printed.stdout)
+        assert sample["loss"] is None and sample[finite.FLAG] == {"loss": word}
+        assert sample["step"] == 5
+    finally:
+        live.close()

@@ -98,6 +98,24 @@ def test_a_diverged_run_names_the_newest_checkpoint_before_it_and_that_step_expo
     assert main(["export", str(run), "--step", "99"]) == exit_codes.BAD_CONFIG
 
 
+def test_judged_every_4_steps_a_bad_step_between_stops_the_run_at_the_next_judged_one(tmp_path: Path) -> None:
+    """check_finite_every_steps 4 spares three host syncs of four: a bad batch on a step not judged
+    poisons the weights, and the run stops at the next judged step, still exporting nothing."""
+    code, run = train(tmp_path, "every4", steps=20, loss=BAD_LOSS, loss_args={"calls": [6]},
+                      check_finite_every_steps=4)  # fmt: skip
+    assert code == exit_codes.DIVERGED
+    summary = strict((run / "summary.json").read_text())
+    # the sixth call is step 6's: not judged; step 8 is the next judged, and the last finite loss the
+    # judge saw is step 4's (step 5's was finite too, but not judged)
+    divergence = summary["divergence"]
+    assert (divergence["step"], divergence["last_finite_step"], summary["steps"]) == (8, 4, 7)
+    lines = {line["step"]: line for line in read_jsonl(run / "metrics.jsonl")}
+    assert all(math.isfinite(lines[s]["loss"]) for s in range(1, 6))
+    assert all(lines[s][finite.FLAG] == {"loss": "nan"} for s in (6, 7))  # null plus a flag
+    assert not (run / "model").exists()
+    run_files_are_strict_json(run)
+
+
 def test_a_finite_loss_above_the_bound_is_a_divergence_too(tmp_path: Path) -> None:
     code, run = train(tmp_path, "bound", steps=10, divergence_loss_bound=1e-6)
     assert code == exit_codes.DIVERGED

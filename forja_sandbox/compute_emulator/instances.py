@@ -77,16 +77,32 @@ def check_tags(field: str, tags: list[Any]) -> None:
             raise invalid_field(f"{field}[{index}]", tag, f"Must be a match of regex '{NAME_RE.pattern}'")
 
 
+#: Compute Engine's documented metadata limits: a key of 1-128 letters, digits, `-` and `_`, and at
+#: most 512 KB for all of an instance's keys and values together (one value's 256 KB is the wire's
+#: string limit, forja_sandbox/http_limits.py). Without the total, 100k small items under the body
+#: limit were kept, and every later listing carried them.
+METADATA_KEY_RE = re.compile(r"[a-zA-Z0-9_-]{1,128}")
+METADATA_TOTAL_BYTES = 512 * 1024
+
+
 def check_metadata(field: str, metadata: dict[str, Any]) -> list[dict[str, str]]:
     items = metadata.get("items") or []
     seen: set[str] = set()
+    total = 0
     for index, item in enumerate(items):
         key = item.get("key")
         if not key:
             raise required_field(f"{field}.items[{index}].key")
+        if not isinstance(key, str) or not METADATA_KEY_RE.fullmatch(key):
+            raise invalid_field(f"{field}.items[{index}].key", key,
+                                f"Must be a match of regex '{METADATA_KEY_RE.pattern}'")  # fmt: skip
         if key in seen:
             raise invalid_field(f"{field}.items[{index}].key", key, "Duplicate metadata key.")
         seen.add(key)
+        total += len(key.encode()) + len(str(item.get("value", "")).encode())
+    if total > METADATA_TOTAL_BYTES:
+        raise invalid_field(field, f"{len(items)} items, {total} bytes", "The total size of all metadata "
+                            f"keys and values must be at most {METADATA_TOTAL_BYTES} bytes.")  # fmt: skip
     return [{"key": i["key"], "value": i.get("value", "")} for i in items]
 
 

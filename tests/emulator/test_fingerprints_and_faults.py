@@ -71,6 +71,26 @@ def test_set_metadata_replaces_the_whole_item_list(client: Client, vm: dict) -> 
     assert metadata["fingerprint"] != vm["metadata"]["fingerprint"]
 
 
+def test_metadata_over_512_kb_in_all_or_with_a_bad_key_is_400_and_changes_nothing(
+    client: Client, vm: dict
+) -> None:
+    """Compute Engine's limits: 512 KB for all keys and values, keys of [a-zA-Z0-9_-]{1,128}. 600
+    values of 1,000 bytes fit under the wire's 1 MiB, so only the total can refuse them."""
+    many = [{"key": f"key-{i:03d}", "value": "v" * 1000} for i in range(600)]
+    insert = client.post(f"zones/{ZONE}/instances", small_body("crowded", metadata={"items": many}))
+    assert insert.status_code == 400 and "'resource.metadata'" in insert.json()["error"]["message"]
+    assert client.get(f"zones/{ZONE}/instances/crowded").status_code == 404
+    for items in (many, [{"key": "has space", "value": "1"}], [{"key": "k" * 129, "value": "1"}]):
+        body = {"fingerprint": vm["metadata"]["fingerprint"], "items": items}
+        response = client.post(f"{VM}/setMetadata", body)
+        assert response.status_code == 400, response.text
+    assert client.ok(client.get(VM))["metadata"]["items"] == [{"key": "a", "value": "1"}]
+    at_the_limit = [{"key": f"k{i:04d}", "value": "v" * 251} for i in range(2048)]  # 2048 x 256 bytes: 512 KB
+    assert sum(len(i["key"]) + len(i["value"]) for i in at_the_limit) == 512 * 1024
+    body["items"] = at_the_limit
+    client.wait(client.ok(client.post(f"{VM}/setMetadata", body)))
+
+
 def test_set_metadata_with_a_stale_fingerprint_is_412(client: Client, vm: dict) -> None:
     response = client.post(f"{VM}/setMetadata", {"fingerprint": "c3RhbGU=", "items": []})
     assert response.status_code == 412

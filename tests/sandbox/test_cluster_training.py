@@ -270,5 +270,8 @@ def test_forja_status_shows_each_member_with_its_rank_and_elastic_restarts(train
 def test_teardown_removes_both_vms(trained) -> None:
     del trained
     assert sorted(_instances()) == [f"{NAME}-0", f"{NAME}-1"]
-    _ansible("playbooks/teardown.yml", *CLUSTER, "-e", "forja_teardown_delete=true")
+    # the command as a user types it: no gcp_instance_fallback_zones, which only creating checks
+    # (teardown once refused this cluster until the user set it to [])
+    _ansible("playbooks/teardown.yml", "-e", f"gcp_instance_name={NAME}", "-e", "gcp_instance_count=2",
+             "-e", "forja_teardown_delete=true")
     assert _instances() == []

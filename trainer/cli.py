@@ -86,11 +86,12 @@ def _print(data: dict[str, Any], as_json: bool, table: str) -> None:
 def _run(args: argparse.Namespace) -> int:
     if args.command == "report":
         from trainer.finite import dumps
-        from trainer.report import render
+        from trainer.report import RunFolderError, render
 
         try:
             summary = render(args.run)
-        except FileNotFoundError as exc:  # not a run folder: the user's to fix, never a traceback
+        except (FileNotFoundError, NotADirectoryError, PermissionError, RunFolderError) as exc:
+            # not a run folder, or one with lines report cannot read: the user's to fix, never a traceback
             print(f"error: --run {args.run}: {exc}", file=sys.stderr, flush=True)
             return BAD_CONFIG
         print(dumps(summary, indent=2, default=str))

@@ -10,14 +10,95 @@ from __future__ import annotations
 import json
 import os
 import statistics
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from trainer import finite
-from trainer.metrics import read_jsonl
 from trainer.summary import Summary
 
 PLOTS = ("loss.png", "throughput.png", "utilisation.png", "cost.png")
+#: The metrics fields report draws or adds up: each a number, or null (not measured, or not finite).
+DRAWN = ("loss", "lr", "samples_per_s", "step_time_s", "data_wait_s", "gpu_util", "cpu_util", "cost_usd",
+         "wall_s")  # fmt: skip
+
+
+class RunFolderError(ValueError):
+    """--run is not a run folder report can read: names the file (and line) and what is wrong there.
+
+    Why its own error: a path that is a file, or a metrics line written by hand or by another tool,
+    is the user's to fix (exit 2, one line), not a crash with a traceback (exit 1, "restart").
+    """
+
+
+def _number(value: Any) -> bool:
+    return value is None or (isinstance(value, int | float) and not isinstance(value, bool))
+
+
+def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) of a JSON-lines file; a line cut by a crash is skipped (as
+    trainer.metrics.read_jsonl does), a line of the wrong shape is for the caller to name."""
+    if not path.is_file():
+        return
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise RunFolderError(f"{path} is not UTF-8 text (byte {exc.start}): not a trainer's log") from None
+    for number, line in enumerate(lines, 1):
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict):
+            yield number, obj
+
+
+def _metrics(path: Path) -> list[dict[str, Any]]:
+    """The metrics lines, each checked for what report reads: a whole-number step, numbers or nulls."""
+    rows = []
+    for number, row in _records(path):
+        step = row.get("step")
+        if "step" not in row:
+            raise RunFolderError(f"{path}, line {number}: no 'step' (every metrics line has one)")
+        if not isinstance(step, int) or isinstance(step, bool):
+            raise RunFolderError(f"{path}, line {number}: 'step' must be a whole number, got {step!r}")
+        bad = next((key for key in DRAWN if not _number(row.get(key))), None)
+        if bad is not None:
+            raise RunFolderError(f"{path}, line {number}: {bad!r} must be a number or null, got {row[bad]!r}")
+        rows.append(row)
+    return rows
+
+
+def _events(path: Path) -> tuple[list[int], list[dict[str, Any]]]:
+    """The resumes' steps and the evaluations (with an eval_loss) of events.jsonl, checked."""
+    resumes, evals = [], []
+    for number, event in _records(path):
+        kind = event.get("event")
+        if kind == "resume":
+            step = event.get("step", 0)
+            if not isinstance(step, int) or isinstance(step, bool):
+                raise RunFolderError(f"{path}, line {number}: a resume's 'step' must be a whole number, "
+                                     f"got {step!r}")
+            resumes.append(step)
+        elif kind in ("eval", "finish") and event.get("eval_loss") is not None:
+            if not _number(event["eval_loss"]):
+                raise RunFolderError(f"{path}, line {number}: 'eval_loss' must be a number or null, "
+                                     f"got {event['eval_loss']!r}")
+            evals.append(event)
+    return resumes, evals
+
+
+def _written_summary(path: Path) -> dict[str, Any]:
+    """summary.json as the run wrote it ({} when there is none yet)."""
+    if not path.is_file():
+        return {}
+    try:
+        written = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:  # not JSON, or not UTF-8
+        raise RunFolderError(f"{path} is not a JSON summary ({exc})") from None
+    if not isinstance(written, dict):
+        raise RunFolderError(f"{path} must hold a JSON object, got {type(written).__name__}")
+    return written
 
 
 def write_summary(run: Path, summary: dict[str, Any]) -> Path:
@@ -29,10 +110,6 @@ def write_summary(run: Path, summary: dict[str, Any]) -> Path:
     return path
 
 
-def _interruptions(run: Path) -> list[int]:
-    return [int(e.get("step", 0)) for e in read_jsonl(run / "events.jsonl") if e.get("event") == "resume"]
-
-
 def render(run: str | os.PathLike[str]) -> dict[str, Any]:
     """Draw plots/*.png from metrics.jsonl, refresh summary.json's derived numbers, return the summary."""
     import matplotlib
@@ -41,16 +118,16 @@ def render(run: str | os.PathLike[str]) -> dict[str, Any]:
     import matplotlib.pyplot as plt
 
     folder = Path(run)
-    rows = list(read_jsonl(folder / "metrics.jsonl"))
+    if folder.exists() and not folder.is_dir():
+        raise RunFolderError(f"{folder} is a file, not a run folder (the trainer's out_dir)")
+    rows = _metrics(folder / "metrics.jsonl")
     if not rows:
         raise FileNotFoundError(f"{folder / 'metrics.jsonl'} has no metrics: is --run a trainer run folder?")
+    resumes, evals = _events(folder / "events.jsonl")
+    written = _written_summary(folder / "summary.json")
     plots = folder / "plots"
     plots.mkdir(exist_ok=True)
     steps = [r["step"] for r in rows]
-    resumes = _interruptions(folder)
-
-    evals = [e for e in read_jsonl(folder / "events.jsonl") if e.get("event") in ("eval", "finish")]
-    evals = [e for e in evals if e.get("eval_loss") is not None]
 
     def figure(
         name: str,
@@ -106,8 +183,6 @@ def render(run: str | os.PathLike[str]) -> dict[str, Any]:
     )
     figure("cost.png", "Cumulative cost", [("USD", [r.get("cost_usd") for r in rows])], "USD")
 
-    summary_path = folder / "summary.json"
-    written: dict[str, Any] = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     written.setdefault("status", "unknown (no summary: the run may still be going or was killed)")
     summary = Summary.from_dict(written).to_dict()
     speeds = [r["samples_per_s"] for r in rows if r.get("samples_per_s")]
@@ -117,10 +192,9 @@ def render(run: str | os.PathLike[str]) -> dict[str, Any]:
         if summary[key] is None:
             summary[key] = value
     summary["median_samples_per_s"] = statistics.median(speeds) if speeds else None
+    timed = [r for r in rows if r.get("step_time_s") and r.get("data_wait_s") is not None]
     summary["median_data_wait_fraction"] = (
-        statistics.median(r["data_wait_s"] / r["step_time_s"] for r in rows if r.get("step_time_s"))
-        if any(r.get("step_time_s") for r in rows)
-        else None
+        statistics.median(r["data_wait_s"] / r["step_time_s"] for r in timed) if timed else None
     )
     summary["plots"] = [f"plots/{name}" for name in PLOTS]
     write_summary(folder, summary)

@@ -86,6 +86,50 @@ def test_report_renders_a_run_folder_and_refreshes_the_summary(
     assert main(["report", "--run", str(tmp_path / "missing")]) == 2  # the user's to fix, no traceback
 
 
+GOOD_LINE = {"step": 1, "loss": 0.5, "samples_per_s": 100.0, "step_time_s": 0.1, "data_wait_s": 0.01}
+
+
+@pytest.mark.parametrize(
+    ("files", "said"),
+    [
+        ({"metrics.jsonl": {"loss": 0.5}}, "line 2: no 'step'"),
+        ({"metrics.jsonl": {"step": "two", "loss": 0.5}}, "line 2: 'step' must be a whole number"),
+        ({"metrics.jsonl": {"step": 2, "loss": "low"}}, "line 2: 'loss' must be a number or null, got 'low'"),
+        ({"events.jsonl": {"event": "resume", "step": "x"}}, "line 1: a resume's 'step' must be"),
+        ({"summary.json": "{not json"}, "summary.json is not a JSON summary"),
+        ({"summary.json": "[1, 2]"}, "summary.json must hold a JSON object, got list"),
+    ],
+    ids=["no step", "step as words", "loss as words", "resume step as words", "summary not JSON",
+         "summary a list"],
+)
+def test_report_names_the_file_and_line_it_cannot_read_and_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], files: dict[str, object], said: str
+) -> None:
+    """A metrics line another tool (or a hand) wrote: one line naming it, exit 2, not a traceback."""
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps(GOOD_LINE) + "\n")
+    for name, content in files.items():
+        text = content if isinstance(content, str) else json.dumps(content) + "\n"
+        mode = "a" if name == "metrics.jsonl" else "w"
+        with open(run / name, mode) as handle:
+            handle.write(text)
+    assert main(["report", "--run", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: --run {run}: {run / next(iter(files))}") and said in err, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+
+
+def test_report_on_a_file_says_it_is_not_a_run_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    metrics = tmp_path / "metrics.jsonl"  # the run's file given instead of its folder
+    metrics.write_text(json.dumps(GOOD_LINE) + "\n")
+    assert main(["report", "--run", str(metrics)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: --run {metrics}: {metrics} is a file, not a run folder (the trainer's out_dir)"
+
+
 @pytest.mark.slow
 def test_sigterm_saves_at_the_next_step_and_exits_3_then_resumes(tmp_path: Path) -> None:
     run = tmp_path / "run"

@@ -98,6 +98,9 @@ class TrainResult:
     #: run goes on: "detach" (asked not to wait), "timeout" (the caller's limit), "interrupted"
     #: (Ctrl-C, KeyboardInterrupt or `cancel`). `follow()` picks the run up again.
     detached: str | None = None
+    #: What of the config the controller could not check, imported only where the run starts
+    #: ("model pkg.mod:net", forja.trainer_config.Judged); empty for a script or a run followed again.
+    unchecked: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -157,6 +160,8 @@ class _RunPlan:
     extravars: dict[str, Any]
     record_path: Path
     name_source: Path
+    #: What of the config only the run's start can check (forja.trainer_config.Judged.unchecked).
+    unchecked: tuple[str, ...] = ()
 
 
 def _plan_run(
@@ -175,8 +180,8 @@ def _plan_run(
             raise errors.ConfigError("args", "arguments after -- are for your script; give it with --script")
         if config_path is None:
             raise errors.ConfigError("config", "give a trainer config YAML, or your own script with --script")
-        trainer_config.judge(config_path)  # the built-in trainer's own check, before anything is sent
-        return _RunPlan(extravars, config_path, config_path)
+        judged = trainer_config.judge(config_path)  # the trainer's own check, before anything is sent
+        return _RunPlan(extravars, config_path, config_path, judged.unchecked)
     if project_dir is None:
         raise errors.ConfigError(
             "script", f"{script} is sent with your project; give the project folder (--project)"
@@ -350,6 +355,7 @@ class Forja:
         request = self._request(playbook, extravars, timeout_s)
         with self._tracked(token):
             result = run_playbook(request, on_event=self._fan_out(on_event), cancel=cancelled)
+        self._raise_if_unparsed(result)
         self._raise_if_stopped(result)
         return result.raise_for_status() if check else result
 
@@ -372,6 +378,17 @@ class Forja:
                     cb(event)
 
         return fan_out
+
+    def _raise_if_unparsed(self, result: RunResult) -> None:
+        """An inventory Ansible could not parse raises ConfigError (exit 2) naming it, whatever
+        `check` says: the play stopped before any host was read, so there is no run to report."""
+        if result.ok or result.failed_tasks or result.unreachable:
+            return
+        from forja import inventory
+
+        not_parsed = inventory.unparsed(result.output_tail)
+        if not_parsed is not None:
+            raise not_parsed
 
     def _raise_if_stopped(self, result: RunResult) -> None:
         """A host that did not answer because its VM is stopped raises `HostStopped` (exit 6),
@@ -612,6 +629,12 @@ class Forja:
                 message="interrupted while being set up; the unit may have started (forja status)",
             )
             raise
+        except errors.ConfigError:  # the inventory did not parse (read first unless --limit): nothing sent
+            if replaced:
+                self._put_back(replaced, run_id)
+            else:
+                self.history.drop(run_id)
+            raise
         except BaseException as exc:
             self.history.update(run_id, status="failed", ended_at=_now(), message=f"controller error: {exc}")
             raise
@@ -631,10 +654,11 @@ class Forja:
         self.history.update(run_id, hosts=hosts)
         if not wait:
             self.history.record_event(run_id, "detached", reason="detach")
-            return TrainResult(run_id, "running", hosts, {}, None, result, detached="detach")
+            return TrainResult(run_id, "running", hosts, {}, None, result, detached="detach",
+                               unchecked=plan.unchecked)
         followed = self.follow(run_id, fetch=fetch, checkpoints=checkpoints, timeout_s=limit or 0,
                                poll_s=poll, on_event=on_event, cancel=cancel)
-        return dataclasses.replace(followed, playbook_result=result)
+        return dataclasses.replace(followed, playbook_result=result, unchecked=plan.unchecked)
 
     def _refuse_several_runs(self, extravars: Mapping[str, Any]) -> None:
         """`forja train` follows one run; a play over a VM and a cluster (or two VMs) starts one run on

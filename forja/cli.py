@@ -494,6 +494,7 @@ def train(
     replicas: VertexReplicas = 1,
 ) -> None:
     args = list(ctx.meta.get("forja_script_args", []))
+    judged = _judge(ctx, config, script)
     if backend != "vm":  # forja/cli_vertex.py: the same follow and printing, the job's own options
         from forja import cli_vertex
 
@@ -503,10 +504,8 @@ def train(
             wait=not detach, checkpoints=checkpoints, timeout_s=timeout, procs=procs, cancel=interrupted,
             backend=backend, vertex=options, replace=replace), timeout, cluster)  # fmt: skip
         return
-    if config is not None and script is None and config.is_file():  # bad input: train's own error says it
-        with _errors(ctx, "cancelled"):  # a config the trainer refuses gets its error, and no estimate first
-            trainer_config.judge(config.resolve())
-        _show_estimate(ctx, config, cluster)
+    if judged is not None:
+        _show_estimate(ctx, judged, cluster)
     if managed:
         with _errors(ctx, RUN_GOES_ON):
             budget = _budget(max_recoveries, max_down, max_down_usd)
@@ -526,6 +525,19 @@ def train(
         timeout,
         cluster,
     )
+
+
+def _judge(ctx: typer.Context, config: Path | None, script: Path | None) -> Path | None:
+    """The trainer's check of CONFIG, first: a config it refuses gets its error (and no estimate).
+    A valid one (returned) gets the line saying what only the run's start can check (under --json,
+    the result's `unchecked`). None when there is no config to judge: train's own error says why."""
+    if config is None or script is not None or not config.is_file():
+        return None
+    with _errors(ctx, "cancelled"):
+        judged = trainer_config.judge(config.resolve())
+    if not _opts(ctx).json:
+        console.print(judged.said, soft_wrap=True, highlight=False)
+    return config
 
 
 ClusterOption = Annotated[

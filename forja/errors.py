@@ -71,6 +71,14 @@ class RunDiverged(PlaybookFailed):
 
     exit_code = ExitCode.DIVERGED
 
+    @classmethod
+    def of_job(cls, job: str, message: str) -> RunDiverged:
+        """A run no playbook followed (a Vertex AI job, `job` its name): `message` is all it says."""
+        diverged = cls(job, "", message)
+        diverged.message = message
+        diverged.args = (message,)
+        return diverged
+
 
 class HostUnreachable(ForjaError):
     """Ansible could not reach a host (SSH refused, timed out, wrong key...)."""

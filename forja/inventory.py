@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -37,6 +38,13 @@ STOPPED_STATUSES = frozenset({"STOPPING", "STOPPED", "SUSPENDING", "SUSPENDED", 
 #: The guest attribute the autostop agent writes when it stops the VM (roles/autostop:
 #: autostop_guest_attribute); the gcp_gpu inventory exposes a stopped VM's as `guest_attributes`.
 STOP_REASON_ATTRIBUTE = "forja/autostop"
+
+#: What Ansible says when a source does not parse (forja.runner.STRICT_INVENTORY makes it fatal;
+#: ansible/inventory/manager.py), and the first plugin's reason, from its warnings on stderr or from
+#: forja.runner's output tail (lines joined with spaces).
+_UNPARSED = re.compile(r"Completely failed to parse inventory source (?P<source>.+?)(?= Failed to parse "
+                       r"inventory with |\s*\n|\s*$)")
+_REASON = re.compile(r"Failed to parse inventory with '(?P<plugin>[^']+)' plugin: (?P<reason>[^\n]+)")
 
 Inventory = str | Path | Sequence[str | Path] | None
 #: What names the inventory when none is given: the CLI's `-i` and `Forja(inventory=)` alike.
@@ -75,6 +83,25 @@ def required(inventory: str | list[str] | None) -> str | list[str] | None:
             raise errors.ConfigError("inventory", f"{path} cannot be read by this user; check its "
                                                   "permissions, or name another with -i")
     return inventory
+
+
+def unparsed(said: str) -> errors.ConfigError | None:
+    """The error for an inventory source Ansible could not parse, read from what Ansible said
+    (ansible-inventory's stderr, a play's output); None when it said no such thing.
+
+    Why after the fact and not a check up front: Ansible parses the inventory anyway, first thing in
+    every play and `ansible-inventory` call, and with forja.runner.STRICT_INVENTORY it stops there.
+    A check of forja's own would cost every command another parse (a dynamic plugin's API calls
+    included), and could disagree with Ansible's plugins (a `*.gcp_gpu.yml` is a plugin config).
+    So the error costs nothing when the inventory is fine. Exit 2, like a missing file (`required`).
+    """
+    found = _UNPARSED.search(said)
+    if found is None:
+        return None
+    cause = _REASON.search(said)
+    why = f" ({cause['plugin']} plugin: {cause['reason'].strip().rstrip('.')})" if cause else ""
+    return errors.ConfigError("inventory", f"Ansible could not parse {found['source'].strip()} as an "
+                                           f"inventory{why}. Fix it, or name another with -i")
 
 
 def not_chosen() -> errors.ConfigError:
@@ -163,14 +190,17 @@ def read(inventory: Inventory = None, *, cwd: Path | None = None) -> InventoryDa
 
     `cwd` is where ansible.cfg is looked up; forja's repository by default, like the playbooks.
     """
-    from forja.runner import REPO_ROOT
+    from forja.runner import REPO_ROOT, STRICT_INVENTORY
 
     cmd = [_ansible_inventory(), "--list"]
     for source in _sources(inventory):
         cmd += ["-i", source]
-    env = dict(os.environ, ANSIBLE_INJECT_FACT_VARS="False")
+    env = dict(os.environ, ANSIBLE_INJECT_FACT_VARS="False", **STRICT_INVENTORY)
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=cwd or REPO_ROOT, env=env)
     if proc.returncode != 0:
+        not_parsed = unparsed(proc.stderr)
+        if not_parsed is not None:
+            raise not_parsed
         said = proc.stderr.strip()[-800:] or proc.stdout.strip()[-800:]
         raise errors.ConfigError("inventory", f"`ansible-inventory --list` failed: {said}")
     try:

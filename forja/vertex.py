@@ -27,9 +27,11 @@ Why it is built this way:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -74,6 +76,8 @@ LOG_LOOKBACK_S = 60.0
 #: The replicas' Python writes each line as it goes (a pipe would otherwise hold it in a buffer
 #: until the process ends), so the logs can be followed while the job runs.
 REPLICA_ENV = {"PYTHONUNBUFFERED": "1"}
+#: The exit code in the error message of a job whose replica exited non-zero (Vertex's words).
+_EXIT_STATUS = re.compile(r"exited with a non-zero status of (?P<code>\d+)")
 _STATUS = {
     "JOB_STATE_SUCCEEDED": "completed", "JOB_STATE_FAILED": "failed", "JOB_STATE_CANCELLED": "cancelled",
     "JOB_STATE_EXPIRED": "failed", "JOB_STATE_PARTIALLY_SUCCEEDED": "failed",
@@ -520,6 +524,55 @@ def fetch_results(forja: Any, bucket: str, run_id: str, dest: Path, checkpoints:
     return summary
 
 
+def run_summary(forja: Any, bucket: str, run_id: str) -> dict[str, Any]:
+    """The trainer's summary.json of a run as its mirror uploaded it (logs/summary.json under the run's
+    prefix); {} when there is none or it cannot be read: only a failed job asks, and its failure
+    stands without it."""
+    from forja import datasets
+    from trainer.mirror import SUMMARY_FILE
+
+    try:
+        where = datasets.settings(forja, f"gs://{bucket}")
+        client = datasets.dataset_module().make_client(
+            where["project"], where["emulator"], where["credentials_file"])
+        found = json.loads(client.bucket(bucket).blob(f"{RUNS_PREFIX}{run_id}/logs/{SUMMARY_FILE}")
+                           .download_as_bytes())
+    except Exception:  # not there (the replica died first), no access, not JSON: nothing to add
+        return {}
+    return dict(found) if isinstance(found, dict) else {}
+
+
+def failed_status(job: dict[str, Any], summary: dict[str, Any]) -> str:
+    """What a failed job's run is: "diverged" when its trainer stopped it so, else "failed".
+
+    Vertex says only JOB_STATE_FAILED. The trainer says why: its summary.json (status "diverged"),
+    and its exit code 7 (trainer.exit_codes.DIVERGED), which Vertex puts in the job's error message
+    ("The replica workerpool0-0 exited with a non-zero status of 7.", a google.rpc.Status with no
+    field of its own for it); the message counts when the summary did not reach the bucket.
+    """
+    from trainer.exit_codes import DIVERGED
+
+    if summary.get("status") == "diverged":
+        return "diverged"
+    exited = _EXIT_STATUS.search((job.get("error") or {}).get("message") or "")
+    return "diverged" if exited and int(exited["code"]) == DIVERGED else "failed"
+
+
+def diverged_message(summary: dict[str, Any]) -> str:
+    """"diverged at step N (why); last finite loss ...": the summary's divergence record for people."""
+    div = summary.get("divergence") or {}
+    said = "diverged"
+    if div.get("step") is not None:
+        said += f" at step {div['step']}"
+    if div.get("reason"):
+        said += f" ({div['reason']})"
+    if isinstance(div.get("last_finite_loss"), int | float):
+        said += f"; last finite loss {div['last_finite_loss']:.6g} at step {div.get('last_finite_step')}"
+    if div.get("last_good_checkpoint"):
+        said += f"; last good checkpoint {div['last_good_checkpoint']}"
+    return f"{said}: not restarted, nothing exported. Lower the learning rate, or resume a good checkpoint"
+
+
 def _lines(path: Path) -> Iterator[str]:
     if path.is_file():
         yield from (line for line in path.read_text().splitlines() if line.strip())
@@ -541,11 +594,16 @@ def finish(
     summary: dict[str, Any] = {}
     artifact: Path | None = None
     output = job.get("jobSpec", {}).get("baseOutputDirectory", {}).get("outputUriPrefix", "")
-    if status == "completed" and fetch and output.startswith("gs://"):
+    bucket = output.removeprefix("gs://").split("/")[0] if output.startswith("gs://") else None
+    if status == "completed" and fetch and bucket:
         artifact = forja.results_dir(run_id) / "vertex"
-        bucket = output.removeprefix("gs://").split("/")[0]
         summary = fetch_results(forja, bucket, run_id, artifact, checkpoints)
     message = (job.get("error") or {}).get("message")
+    if job.get("state") == "JOB_STATE_FAILED":
+        summary = run_summary(forja, bucket, run_id) if bucket else {}
+        status = failed_status(job, summary)
+        if status == "diverged":
+            message = f"Vertex AI job {job['name']} of run {run_id} {diverged_message(summary)}"
     forja.history.update(
         run_id,
         status=status,
@@ -556,6 +614,8 @@ def finish(
     )
     if status == "cancelled":
         raise errors.Cancelled(f"Vertex AI job {job['name']} of run {run_id} was cancelled")
+    if status == "diverged":
+        raise errors.RunDiverged.of_job(job["name"], message)
     if status != "completed":
         raise errors.ForjaError(
             f"Vertex AI job {job['name']} of run {run_id} ended {job.get('state')}: {message or 'no message'}"
@@ -597,7 +657,7 @@ def train(
     path = Path(config).expanduser().resolve() if config is not None else None
     if path is None or not path.is_file():
         raise errors.ConfigError("config", f"{config} is not a file; give a trainer config YAML")
-    trainer_config.judge(path)
+    judged = trainer_config.judge(path)
     run_id = name or _new_run_id(path)
     if not RUN_NAME.match(run_id):
         raise errors.ConfigError("name", f"{run_id!r} must be 1-63 letters, digits, '-' or '_'")
@@ -614,10 +674,12 @@ def train(
     emit(ev.Announcement(0, host="vertex", text=f"job {sent.job_name}; results go to {sent.run_prefix}"))
     if not wait:
         forja.history.record_event(run_id, "detached", reason="detach")
-        return TrainResult(run_id, "running", [sent.job_name], {}, None, detached="detach")
+        return TrainResult(run_id, "running", [sent.job_name], {}, None, detached="detach",
+                           unchecked=judged.unchecked)
     job, detached = watch(sent.job_name, options, sent.job_name.split("/")[1], emit=emit,
                           poll_s=poll_s or POLL_S, timeout_s=timeout_s, cancel=cancel)  # fmt: skip
-    return finish(forja, run_id, job, detached, fetch=fetch, checkpoints=checkpoints)
+    ended = finish(forja, run_id, job, detached, fetch=fetch, checkpoints=checkpoints)
+    return dataclasses.replace(ended, unchecked=judged.unchecked)
 
 
 def follow_run(

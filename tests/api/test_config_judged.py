@@ -119,6 +119,23 @@ def test_the_command_line_exits_2_and_prints_what_to_fix(tmp_path: Path) -> None
     assert "cost estimate" not in done.stdout + done.stderr, "no estimate for a config that is refused"
 
 
+def test_the_command_line_says_what_only_the_run_s_start_can_check(tmp_path: Path) -> None:
+    """A valid config is not a promise that it runs: the model, data and optimizer it names are
+    imported where the run starts (torch, the user's code), and the command says so, in one line,
+    before it sends anything (here to a host that cannot be reached: exit 3)."""
+    path = write(tmp_path / "good.yaml", {"steps": 100, "model": "mynet.py:Net", "loss": "mynet.py:loss"})
+    inventory = write_inventory(tmp_path / "inv.yml", {"ghost": GHOST})
+    env = {**os.environ, "FORJA_HOME": str(tmp_path / "home")}
+    forja = str(Path(sys.executable).with_name("forja"))
+    done = subprocess.run([forja, "-i", str(inventory), "train", str(path), "--name", "said"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)  # fmt: skip
+    assert done.returncode == errors.ExitCode.UNREACHABLE, done.stdout + done.stderr
+    said = [line for line in done.stderr.splitlines() if line.startswith("good.yaml: ")]
+    assert said == ["good.yaml: settings checked. Imported when the run starts, where torch and your "
+                    "code are: model mynet.py:Net, data trainer.demo:digits, loss mynet.py:loss, "
+                    "optimizer AdamW"], done.stderr
+
+
 def test_a_good_config_passes_the_check_and_goes_on_to_the_host(ghost: Forja, tmp_path: Path) -> None:
     """The control: the same path with a valid config reaches the (unreachable) host."""
     path = write(tmp_path / "good.yaml", {"steps": 100})

@@ -140,6 +140,54 @@ def test_a_misspelled_inventory_is_an_error_naming_it_for_every_verb(clean_env: 
     assert forja.history.list() == [], "no run was recorded"
 
 
+def test_an_inventory_ansible_cannot_parse_is_an_error_naming_it_for_every_verb(clean_env: Path) -> None:
+    """A file that exists but is no inventory (a YAML typo) is not "nothing is running" either: every
+    call that needs hosts stops with exit 2, the path and Ansible's own reason, and records nothing.
+    The plays' verbs learn it from the play Ansible stopped; the readers' from ansible-inventory."""
+    broken = clean_env / "inventory.yml"
+    broken.write_text("all:\n  hosts:\n    gpu-a: [\n")
+    forja = Forja(inventory=broken, private_data_dir=clean_env / "runner",
+                  history=History(clean_env / "h.sqlite"))
+    limited = Forja(inventory=broken, limit="gpu-a", private_data_dir=clean_env / "runner",
+                    history=forja.history)
+    config = REPO / "trainer/configs/digits.yaml"
+    calls = {
+        "up": forja.up,
+        "status": forja.status,
+        "logs": lambda: forja.logs("digits"),
+        "runs --sync": lambda: forja.runs(sync=True),
+        "fetch": lambda: forja.fetch("digits", clean_env / "out"),
+        "stop": lambda: forja.stop("digits"),
+        "hosts": forja.hosts,
+        "tunnel": forja.tunnel,
+        "cost": forja.cost,
+        "train": lambda: forja.train(config, project=clean_env),
+        "train --limit": lambda: limited.train(config, project=clean_env, name="digits"),
+    }
+    for name, call in calls.items():
+        with pytest.raises(errors.ConfigError) as caught:
+            call()
+        said = caught.value.message
+        assert caught.value.field == "inventory" and caught.value.exit_code == 2, f"{name}: {said}"
+        expected = f"Ansible could not parse {broken} as an inventory (yaml plugin: YAML parsing failed"
+        assert expected in said, f"{name}: {said}"
+    assert forja.history.list() == [], "no run was recorded"
+
+
+def test_one_unparsable_source_of_several_is_an_error_too(clean_env: Path) -> None:
+    """Ansible's default only warns and goes on with the sources that parsed: the hosts of the
+    broken one would silently be missing."""
+    good = gpu_inventory(clean_env / "good.yml", "gpu-a")
+    broken = clean_env / "broken.ini"
+    broken.write_text("[forja_gpu]\ngpu-b ansible_host\n")
+    forja = Forja(inventory=[good, broken], private_data_dir=clean_env / "runner",
+                  history=History(clean_env / "h.sqlite"))
+    for call in (forja.hosts, forja.status):
+        with pytest.raises(errors.ConfigError) as caught:
+            call()
+        assert f"Ansible could not parse {broken} as an inventory (ini plugin: " in caught.value.message
+
+
 def test_what_needs_no_hosts_works_with_no_inventory_named(clean_env: Path) -> None:
     forja = Forja(history=History(clean_env / "h.sqlite"))
     assert forja.runs() == []

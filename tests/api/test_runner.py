@@ -187,7 +187,7 @@ def test_forja_from_an_unactivated_venv_runs_the_venvs_ansible(tmp_path: Path,
 
 def test_no_parsed_inventory_is_said_with_the_first_sources_reason(tmp_path: Path) -> None:
     """An inventory plugin that failed (the sandbox's emulator down): its reason, not only Ansible's
-    "No inventory was parsed"."""
+    "Completely failed to parse inventory source" (fatal: runner.STRICT_INVENTORY)."""
     pdd = tmp_path / "pdd"
     (pdd / "inventory").mkdir(parents=True)
     source = pdd / "inventory" / "down.gcp_gpu.yml"
@@ -197,5 +197,6 @@ def test_no_parsed_inventory_is_said_with_the_first_sources_reason(tmp_path: Pat
     with pytest.raises(errors.PlaybookFailed) as info:
         result.raise_for_status()
     said = str(info.value)
-    assert "No inventory was parsed" in said and "Failed to parse inventory with" in said, said
+    assert f"Completely failed to parse inventory source {source}" in said, said
+    assert "Failed to parse inventory with" in said, said
     assert "gcp_gpu" in said, said

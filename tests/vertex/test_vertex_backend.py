@@ -23,6 +23,7 @@ import yaml
 from trainer_helpers import tiny_digits
 from typer.testing import CliRunner
 
+from forja import errors
 from forja import vertex as forja_vertex
 from forja.api import Forja
 from forja.cli import app
@@ -239,6 +240,23 @@ def test_the_cli_sends_detached_cancels_and_refuses_bad_input(
     assert "no Vertex AI job of run 'no-such-run'" in unknown.output
 
 
+def test_under_json_what_only_the_run_s_start_can_check_is_a_field(
+    sandbox: VertexEmulator, tmp_path: Path
+) -> None:
+    """The line `forja train` prints (tests/api/test_config_judged.py) is the result's `unchecked`
+    under --json, and not said on stderr there."""
+    runner = CliRunner()
+    new_bucket("vertex-unchecked")
+    config = str(config_file(tmp_path, steps=1))
+    sent = runner.invoke(app, ["--json", "train", config, "--backend", "vertex", "--bucket", "gs://vertex-unchecked",
+                               "--name", "unchecked", "--detach"])  # fmt: skip
+    assert sent.exit_code == 0, sent.output
+    assert json.loads(sent.stdout)["unchecked"] == [
+        "model trainer.demo:digits_cnn", "data trainer.demo:digits", "optimizer AdamW"]
+    assert "Imported when the run starts" not in sent.stderr
+    assert runner.invoke(app, ["vertex", "cancel", "unchecked"]).exit_code == 0
+
+
 def test_the_package_is_named_by_what_goes_in(tmp_path: Path) -> None:
     one, other = config_file(tmp_path / "a", steps=1), config_file(tmp_path / "b", steps=2)
     same = forja_vertex.content_hash(forja_vertex._package_files(one))
@@ -287,6 +305,61 @@ def until_final(client: Any, name: str) -> Any:
 
     final = ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED")
     return until(lambda: (j := client.get_custom_job(name=name)).state.name in final and j, 30, name)
+
+
+def exiting_job(run_id: str, bucket: str, code: int) -> dict[str, Any]:
+    """A job of run `run_id` as forja sends one (display name, output under the run's prefix) whose
+    replica exits with `code`, as the trainer does, without the trainer's start-up."""
+    pool = {
+        "machine_spec": {"machine_type": "n1-standard-4"},
+        "replica_count": 1,
+        "container_spec": {"image_uri": "python:3.11-slim",
+                           "command": [sys.executable, "-c", f"raise SystemExit({code})"]},
+    }
+    output = f"gs://{bucket}/{forja_vertex.RUNS_PREFIX}{run_id}/"
+    return {"display_name": run_id, "job_spec": {"worker_pool_specs": [pool],
+                                                 "base_output_directory": {"output_uri_prefix": output}}}
+
+
+def test_a_job_whose_trainer_diverged_is_named_diverged_not_failed(
+    sandbox: VertexEmulator, tmp_path: Path
+) -> None:
+    """Vertex says only JOB_STATE_FAILED; the trainer's summary.json (its mirror uploads it beside the
+    logs) and its exit code 7 say why. A replica that crashed (exit 1) stays "failed"."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import aiplatform_v1
+
+    client = aiplatform_v1.JobServiceClient(
+        transport="rest", client_options={"api_endpoint": sandbox.url}, credentials=AnonymousCredentials()
+    )
+    bucket = new_bucket("vertex-diverged")
+    divergence = {"step": 10, "reason": "loss is NaN", "last_finite_step": 9, "last_finite_loss": 2.25,
+                  "last_good_checkpoint": "ckpt-8.pt"}  # fmt: skip
+    summary = {"status": "diverged", "steps": 10, "exit_code": 7, "divergence": divergence}
+    bucket.blob("vertex/runs/nan-lr/logs/summary.json").upload_from_string(json.dumps(summary))
+    forja = Forja(project_dir=tmp_path, history=History(tmp_path / "history.db"))
+    for run_id, code in (("nan-lr", 7), ("no-summary", 7), ("crashed", 1)):
+        forja.history.start(run_id, name=run_id)
+        client.create_custom_job(parent=PARENT, custom_job=exiting_job(run_id, bucket.name, code))
+
+    with pytest.raises(errors.RunDiverged) as diverged:
+        forja.vertex_follow("nan-lr", poll_s=0.1)
+    said = diverged.value.message
+    assert diverged.value.exit_code == ExitCode.DIVERGED, said
+    assert "of run nan-lr diverged at step 10 (loss is NaN); last finite loss 2.25 at step 9; last good " \
+           "checkpoint ckpt-8.pt" in said, said
+    record = forja.history.get("nan-lr")
+    assert record.status == "diverged" and record.steps == 10 and record.message == said, record
+
+    with pytest.raises(errors.RunDiverged):  # the summary never reached the bucket: the exit code says it
+        forja.vertex_follow("no-summary", poll_s=0.1)
+    assert forja.history.get("no-summary").status == "diverged"
+
+    with pytest.raises(errors.ForjaError) as crashed:
+        forja.vertex_follow("crashed", poll_s=0.1)
+    assert not isinstance(crashed.value, errors.RunDiverged), crashed.value
+    assert "non-zero status of 1" in crashed.value.message
+    assert forja.history.get("crashed").status == "failed"
 
 
 @pytest.mark.slow  # over 7 s (bench/suite_times.py): the host tier, not make check

@@ -14,6 +14,7 @@ import os
 import stat
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -112,25 +113,32 @@ def test_with_no_inventory_named_nothing_runs_and_the_error_names_the_choices(cl
     assert forja.history.list() == [], "no run was recorded"
 
 
+DIGITS = REPO / "trainer/configs/digits.yaml"
+
+
+def verbs_needing_hosts(forja: Forja, env: Path) -> dict[str, Callable[[], object]]:
+    """Every call of `forja` that needs the inventory's hosts, by the verb's name."""
+    return {
+        "up": forja.up,
+        "status": forja.status,
+        "logs": lambda: forja.logs("digits"),
+        "runs --sync": lambda: forja.runs(sync=True),
+        "fetch": lambda: forja.fetch("digits", env / "out"),
+        "stop": lambda: forja.stop("digits"),
+        "hosts": forja.hosts,
+        "tunnel": forja.tunnel,
+        "cost": forja.cost,
+        "train": lambda: forja.train(DIGITS, project=env),
+    }
+
+
 def test_a_misspelled_inventory_is_an_error_naming_it_for_every_verb(clean_env: Path) -> None:
     """Not "nothing is running": a path that is not there stops every call that needs hosts, before
     any playbook runs and before the history records anything."""
     runner_dir = clean_env / "runner"
     missing = clean_env / "invnetory.yml"
     forja = Forja(inventory=missing, private_data_dir=runner_dir, history=History(clean_env / "h.sqlite"))
-    calls = {
-        "up": forja.up,
-        "status": forja.status,
-        "logs": lambda: forja.logs("digits"),
-        "runs --sync": lambda: forja.runs(sync=True),
-        "fetch": lambda: forja.fetch("digits", clean_env / "out"),
-        "stop": lambda: forja.stop("digits"),
-        "hosts": forja.hosts,
-        "tunnel": forja.tunnel,
-        "cost": forja.cost,
-        "train": lambda: forja.train(REPO / "trainer/configs/digits.yaml", project=clean_env),
-    }
-    for name, call in calls.items():
+    for name, call in verbs_needing_hosts(forja, clean_env).items():
         with pytest.raises(errors.ConfigError) as caught:
             call()
         assert caught.value.field == "inventory", name
@@ -150,20 +158,8 @@ def test_an_inventory_ansible_cannot_parse_is_an_error_naming_it_for_every_verb(
                   history=History(clean_env / "h.sqlite"))
     limited = Forja(inventory=broken, limit="gpu-a", private_data_dir=clean_env / "runner",
                     history=forja.history)
-    config = REPO / "trainer/configs/digits.yaml"
-    calls = {
-        "up": forja.up,
-        "status": forja.status,
-        "logs": lambda: forja.logs("digits"),
-        "runs --sync": lambda: forja.runs(sync=True),
-        "fetch": lambda: forja.fetch("digits", clean_env / "out"),
-        "stop": lambda: forja.stop("digits"),
-        "hosts": forja.hosts,
-        "tunnel": forja.tunnel,
-        "cost": forja.cost,
-        "train": lambda: forja.train(config, project=clean_env),
-        "train --limit": lambda: limited.train(config, project=clean_env, name="digits"),
-    }
+    calls = {**verbs_needing_hosts(forja, clean_env),
+             "train --limit": lambda: limited.train(DIGITS, project=clean_env, name="digits")}
     for name, call in calls.items():
         with pytest.raises(errors.ConfigError) as caught:
             call()

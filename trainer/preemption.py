@@ -12,7 +12,24 @@ from __future__ import annotations
 import contextlib
 import signal
 import time
+from pathlib import Path
 from types import FrameType, TracebackType
+from typing import Any
+
+#: What `forja stop` leaves in the run's folder before it stops the unit (roles/trainer_run/tasks/
+#: stop.yml). A SIGTERM is a SIGTERM: without it, the user's own stop counted as a preemption, and
+#: `preemptions` then said the VM was taken away when it never was.
+STOP_REQUESTED = ".forja-stop-requested"
+
+
+def stopped_by(run_dir: Path) -> dict[str, Any]:
+    """The preempt event's extra field when the stop was the user's (``requested_by``), else none."""
+    return {"requested_by": "forja stop"} if (run_dir / STOP_REQUESTED).exists() else {}
+
+
+def forget_stop_request(run_dir: Path) -> None:
+    """At a session's start: the stop that the request was for is over (a later SIGTERM is Google's)."""
+    (run_dir / STOP_REQUESTED).unlink(missing_ok=True)
 
 
 class StopRequest:

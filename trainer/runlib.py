@@ -104,7 +104,7 @@ from trainer.mirror import (
     MirrorUnavailable,
     bucket_url,
 )
-from trainer.preemption import StopRequest
+from trainer.preemption import StopRequest, forget_stop_request, stopped_by
 
 __all__ = [
     "BAD_CONFIG",
@@ -401,6 +401,8 @@ class Run:
                 carried_s = max(carried_s, float(last.get("wall_s", 0.0)))
         self._metrics = metrics.JsonLines(out / "metrics.jsonl")
         self._events = metrics.JsonLines(out / "events.jsonl")
+        if self.world.is_main:
+            forget_stop_request(out)
         if restarted:
             self.event(
                 "resume",
@@ -524,6 +526,7 @@ class Run:
                 signal=self._stopped_by,
                 saved_step=self.step,
                 seconds_to_save=time.monotonic() - self._stop.received_at if self._stop.received_at else None,
+                **stopped_by(self.run_dir),
             )
         else:
             self.status = "completed"
@@ -576,6 +579,7 @@ class Run:
             resumed_from_step=self.start_step if self.start_step else None,
             lost_steps=past["lost_steps"],
             preemptions=past["preemptions"],
+            stops=past["stops"],
             restarts=past["restarts"],
             last_checkpoint=ckpts[-1].name if ckpts else None,
             world_size=self.world.size,

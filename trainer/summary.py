@@ -39,9 +39,11 @@ class Summary:
     #: The step this session resumed from (None: a fresh start), and what preemptions cost.
     resumed_from_step: int | None = None
     lost_steps: int | None = None
-    #: Sessions stopped by a SIGTERM with a clean save (Spot, maintenance, `forja stop`), and those
-    #: that crashed or were killed with no last word, then resumed.
+    #: Sessions stopped by a SIGTERM with a clean save (Spot, maintenance), those `forja stop` stopped
+    #: (trainer.preemption.STOP_REQUESTED), and those that crashed or were killed with no last word,
+    #: then resumed.
     preemptions: int | None = None
+    stops: int | None = None
     restarts: int | None = None
     #: File names under checkpoints/ (the best is the last until a metric picks another).
     last_checkpoint: str | None = None

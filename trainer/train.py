@@ -58,7 +58,7 @@ from trainer.loop_state import Feed, LoopState, Net, Parts, Saved, Start
 from trainer.mirror import PREEMPTED_UPLOAD_WAIT_S, CheckpointMirror, MirrorUnavailable, bucket_url
 from trainer.optim import Schedule, build_optimizer
 from trainer.precision import make_amp
-from trainer.preemption import StopRequest
+from trainer.preemption import StopRequest, forget_stop_request, stopped_by
 from trainer.runtime import Runtime, compile_cache_dir, prepare
 from trainer.summary import Summary
 
@@ -246,12 +246,13 @@ def newest_oom_lowering(global_batch: int, *sources: dict[str, Any] | None) -> d
 
 
 def history(events_path: Path) -> dict[str, Any]:
-    """Preemptions, restarts and lost steps over all sessions of a run folder, from events.jsonl.
+    """Preemptions, stops, restarts and lost steps over all sessions of a run folder, from events.jsonl.
 
     A session's last word is finish, preempt or fail (the bucket mirror's report after it ends
-    nothing). Only a session that ended with ``preempt`` (a SIGTERM with a clean save: a Spot
-    preemption, a maintenance stop, `forja stop`) counts as a preemption; one that crashed (``fail``)
-    or was killed with no last word (SIGKILL, the OOM killer, a power cut) is a restart.
+    nothing). A session that ended with ``preempt`` (a SIGTERM with a clean save: a Spot preemption,
+    a maintenance stop) counts as a preemption, unless `forja stop` asked for it (``requested_by``,
+    trainer.preemption.STOP_REQUESTED): that is a stop. One that crashed (``fail``) or was killed
+    with no last word (SIGKILL, the OOM killer, a power cut) is a restart.
     """
     sessions: list[list[dict[str, Any]]] = []
     for event in metrics.read_jsonl(events_path):
@@ -259,10 +260,12 @@ def history(events_path: Path) -> dict[str, Any]:
             sessions.append([])
         sessions[-1].append(event)
     said = [[e for e in s if e.get("event") != "mirror"] or s for s in sessions[:-1]]
-    last_words = [s[-1].get("event") for s in said]
+    last = [s[-1] for s in said]
     lost = sum(int(e.get("lost_steps", 0)) for s in sessions for e in s if e.get("event") == "resume")
-    return {"preemptions": last_words.count("preempt"),
-            "restarts": sum(1 for word in last_words if word not in ("finish", "preempt")),
+    saved = [e for e in last if e.get("event") == "preempt"]
+    stops = sum(1 for e in saved if e.get("requested_by"))
+    return {"preemptions": len(saved) - stops, "stops": stops,
+            "restarts": sum(1 for e in last if e.get("event") not in ("finish", "preempt")),
             "lost_steps": lost}  # fmt: skip
 
 
@@ -685,6 +688,8 @@ def announce(
     """The session's first events (start, or resume with what it lost) and its one log line."""
     rt, plan = p.rt, s.feed.plan
     world, device = rt.world, rt.world.device
+    if rt.world.is_main:
+        forget_stop_request(p.out)
     if p.resumed_from is None:
         find = found.to_dict() if found else None
         event(p, s, "start", world_size=world.size, plan=plan.__dict__, params=p.net.n_params,
@@ -1000,7 +1005,8 @@ def record_stop(p: Parts, s: LoopState, stop_request: StopRequest) -> None:
     s.status = "preempted"
     received = stop_request.received_at
     event(p, s, "preempt", signal=stop_request.signal_name or "peer", saved_step=s.last_saved,
-          seconds_to_save=time.monotonic() - received if received else None)  # fmt: skip
+          seconds_to_save=time.monotonic() - received if received else None,
+          **stopped_by(p.out))  # fmt: skip
 
 
 # -- the end ---------------------------------------------------------------------------------------
@@ -1016,7 +1022,8 @@ def final_evaluation(p: Parts, s: LoopState) -> None:
     if evaluated is None:
         s.status = "preempted"
         signal_name = final_stop.signal_name or "peer"
-        event(p, s, "preempt", signal=signal_name, saved_step=s.last_saved, during="evaluation")
+        event(p, s, "preempt", signal=signal_name, saved_step=s.last_saved, during="evaluation",
+              **stopped_by(p.out))  # fmt: skip
     else:
         s.eval_result = evaluated
         event(p, s, "finish", seconds=round(time.monotonic() - began, 4), **evaluated)
@@ -1083,6 +1090,7 @@ def write_run_summary(p: Parts, s: LoopState, loop_s: float) -> dict[str, Any]:
         resumed_from_step=p.resumed_from,
         lost_steps=past["lost_steps"],
         preemptions=past["preemptions"],
+        stops=past["stops"],
         restarts=past["restarts"],
         last_checkpoint=ckpt_files[-1].name if ckpt_files else None,
         best_checkpoint=ckpt_files[-1].name if ckpt_files else None,

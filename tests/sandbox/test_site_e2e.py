@@ -422,6 +422,10 @@ def test_data_in_and_a_live_run_watched_through_the_tunnel(
                 ui.kill()
         stopped = _forja("stop", LIVE_RUN)
     assert stopped.returncode == 0, stopped.stdout[-2000:] + stopped.stderr[-2000:]
+    # the role left its stop request before the SIGTERM: the trainer counts a stop, not a preemption
+    (vm,) = _instances()
+    said = _on_host(vm, f"sudo grep -h '\"preempt\"' /var/lib/forja/runs/{LIVE_RUN}/events.jsonl")
+    assert [json.loads(line).get("requested_by") for line in said.splitlines()] == ["forja stop"], said
     priced = _forja("--json", "cost", "--run", "shards-streamed", cwd=project)
     assert priced.returncode == 0, priced.stdout[-2000:] + priced.stderr[-2000:]
     assert json.loads(priced.stdout)["total_usd"] > 0, priced.stdout

@@ -22,6 +22,7 @@ from trainer_helpers import subprocess_env
 
 from trainer import exit_codes, runlib
 from trainer.metrics import METRIC_FIELDS, read_jsonl
+from trainer.preemption import STOP_REQUESTED
 from trainer.report import render
 
 
@@ -31,9 +32,11 @@ def short_run(
     start_signal_at: int | None = None,
     lr: float = 0.1,
     save_every: int = 5,
+    stop_requested: bool = False,
     **run_args: object,
 ) -> runlib.Run:
-    """A tiny loop in the library's documented shape; SIGTERM to this process at ``start_signal_at``.
+    """A tiny loop in the library's documented shape; SIGTERM to this process at ``start_signal_at``,
+    after leaving `forja stop`'s request in the run's folder when ``stop_requested``.
 
     ``lr`` 5 makes it diverge within a few dozen steps (test_divergence.py)."""
     torch.manual_seed(0)
@@ -52,6 +55,8 @@ def short_run(
             opt.step()
             run.log(step, loss=loss.item(), lr=lr, samples=8)
             if step == start_signal_at:
+                if stop_requested:
+                    (run_dir / STOP_REQUESTED).write_text("forja stop\n")
                 os.kill(os.getpid(), signal.SIGTERM)
             stop = run.should_stop()
             if stop or step % save_every == 0 or step == steps:
@@ -125,6 +130,44 @@ def test_sigterm_sets_the_flag_saves_exits_preempted_and_the_next_session_resume
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert (summary["resumed_from_step"], summary["preemptions"]) == (7, 1)
     assert [r["step"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == list(range(1, 21))
+
+
+def _builtin_run(run_dir: Path, steps: int, start_signal_at: int | None = None,
+                 stop_requested: bool = False) -> None:
+    """The built-in trainer on the tiny digits config, with the same SIGTERM as `short_run`."""
+    from trainer_helpers import tiny_digits
+
+    from trainer.config import validate
+    from trainer.train import train
+
+    def hook(done: int) -> None:
+        if done == start_signal_at:
+            if stop_requested:
+                (run_dir / STOP_REQUESTED).write_text("forja stop\n")
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    raw = tiny_digits(run_dir.parent, out_dir=str(run_dir), steps=steps, checkpoint_every_steps=5)
+    train(validate(raw), on_step=hook)
+
+
+@pytest.mark.parametrize("loop", ["runlib", "built-in"])
+def test_a_stop_forja_stop_asked_for_counts_as_a_stop_and_a_later_sigterm_as_a_preemption(
+    tmp_path: Path, loop: str
+) -> None:
+    """`forja stop` leaves its request in the run's folder before the unit's SIGTERM: that session
+    is a stop, not a preemption (the VM was never taken away). The next session forgets the
+    request, so a later SIGTERM without one (Google's) is a preemption again."""
+    run_dir = tmp_path / "run"
+    run = short_run if loop == "runlib" else _builtin_run
+    run(run_dir, 20, start_signal_at=7, stop_requested=True)
+    stopped = [e for e in read_jsonl(run_dir / "events.jsonl") if e["event"] == "preempt"]
+    assert [e.get("requested_by") for e in stopped] == ["forja stop"]
+    run(run_dir, 20, start_signal_at=12)
+    assert not (run_dir / STOP_REQUESTED).exists(), "the resumed session forgot the request"
+    run(run_dir, 20)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["status"], summary["stops"], summary["preemptions"], summary["restarts"]) == (
+        "completed", 1, 1, 0), summary
 
 
 def test_the_resume_point_skips_a_checkpoint_whose_bytes_changed(tmp_path: Path) -> None:

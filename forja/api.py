@@ -54,6 +54,9 @@ RUN_NAME = runstate.RUN_NAME
 #: trainer_run's task that moves a replaced run's host folder aside (tasks/main.yml): whether the
 #: host was touched when a `--replace` play fails.
 SET_ASIDE_TASK = "Set the replaced run's folder aside"
+#: The role's refusal of a name whose run completed on the host (roles/trainer_run/tasks/validate.yml):
+#: this history may not know that run (another machine sent it), so the host is asked too.
+COMPLETED_TASK = "Refuse to send a run under the name of one that completed on this host"
 #: Seconds one follow playbook (playbooks/train_wait.yml) polls before the next one takes over.
 #: A window, not a limit: following goes on window after window until the run ends; the window
 #: only bounds what one playbook holds. FORJA_FOLLOW_WINDOW_S overrides it (tests use seconds).
@@ -616,6 +619,7 @@ class Forja:
             "trainer_run_wait": False,
             "trainer_run_fetch": False,
             "forja_history_record": False,  # this history records the run itself
+            "trainer_run_refuse_completed": True,  # never the old run's results as the new one's
             **({"trainer_run_nproc_per_node": procs} if procs is not None else {}),
             **({"trainer_run_replaced_as": replaced.aside,
                 "trainer_run_replaced_bucket_moved": replaced.bucket is not None} if replaced else {}),
@@ -646,6 +650,9 @@ class Forja:
         if not result.ok:
             first = (result.unreachable or result.failed_tasks or [None])[0]
             why = f"{first.host}: {first.task}: {first.message}" if first else f"rc {result.rc}"
+            if first is not None and first.task == COMPLETED_TASK:  # refused before anything changed
+                self.history.drop(run_id)
+                raise errors.ConfigError("name", f"{first.message} Nothing was sent.")
             if replaced and not any(t.task == SET_ASIDE_TASK for t in result.changed_tasks):
                 self._put_back(replaced, run_id)  # the host still holds the old run as it was
             else:

@@ -151,6 +151,26 @@ def test_an_unreachable_host_is_a_typed_error_naming_it(tmp_path: Path) -> None:
     assert info.value.exit_code == errors.ExitCode.UNREACHABLE
 
 
+def test_a_completed_runs_name_is_refused_by_the_host_when_this_history_does_not_know_it(
+    trained: tuple, th6: testhosts.Host, workspace: Path
+) -> None:
+    """forja on another machine (a history without digits-api): the host still holds the completed
+    run, so the role refuses before anything changes, naming --replace, and nothing is recorded
+    (was: the host started nothing and forja reported the old run's results as the new one's)."""
+    other = Forja(project_dir=workspace / "project", inventory=workspace / "inventory.yml",
+                  private_data_dir=workspace / "runner-other", host_key_checking=False,
+                  history=History(workspace / "other-history.sqlite"))  # fmt: skip
+    env_file = "sudo stat -c %Y.%s /etc/forja/train/digits-api.env"
+    before = ssh(th6, env_file)
+    with pytest.raises(errors.ConfigError) as refused:
+        other.train(DIGITS, name="digits-api", poll_s=1)
+    said = refused.value.message
+    assert refused.value.exit_code == 2 and refused.value.field == "name", said
+    assert "run digits-api already completed on th6" in said and "forja train --replace digits-api" in said
+    assert other.history.list() == [], "nothing recorded"
+    assert ssh(th6, env_file) == before, "nothing changed on the host"
+
+
 def test_replace_keeps_the_completed_run_aside_and_starts_afresh_under_its_name(
     forja: Forja, trained: tuple, th6: testhosts.Host, workspace: Path
 ) -> None:

@@ -209,6 +209,8 @@ def test_the_page_shows_the_runs_and_a_running_runs_step_rises_on_screen(dashboa
         assert "digits-live" in text and "digits-done" in text and "completed" in text
         page.wait_for_function("() => document.querySelectorAll('#chart-loss canvas').length > 0",
                                timeout=10_000)  # fmt: skip
+        # the VM panel reads the inventory (ansible-inventory) once, apart from the runs: wait for it
+        page.wait_for_function("() => document.querySelectorAll('#vms .card').length > 0", timeout=60_000)
         assert "g2-standard-8 spot" in page.text_content("#vms") and "$0.56/h" in page.text_content("#vms")
         page.screenshot(path=str(shot), full_page=True)
 

@@ -129,24 +129,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items.sort(key=lambda i: (group[i.nodeid] not in hosts,
                                   (group[i.nodeid] == "sandbox") != sandbox_first, rank[group[i.nodeid]]))
         _tell_the_controller_the_host_files(items)
-        _HOST_FILES.update(i.nodeid.split("::", 1)[0] for i in items if "hosts" in i.keywords)
     _skip_hosts_where_they_cannot_run(config, items)
-
-
-#: This worker's files with host tests (every worker collects them all), for `pytest_runtest_setup`.
-_HOST_FILES: set[str] = set()
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """In the host tier, a worker runs each test of a file without host tests at a lower CPU priority
-    (`lanes.CPU_LANE_NICE`), and each host test at the default again: the CPU lane (a third worker:
-    torch, emulator drills) takes the cores the host lanes leave while they wait on ssh, systemd and
-    their hosts, instead of running after them. Linux keeps a nice value per thread, and the commands
-    and threads a test starts inherit it from the worker's main thread, which runs the test."""
-    if not _HOST_FILES or os.environ.get("FORJA_TIER") == "check":  # a worker of the host tier only
-        return
-    os.setpriority(os.PRIO_PROCESS, 0, lanes.nice_of(item.nodeid, _HOST_FILES))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

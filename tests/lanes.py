@@ -75,24 +75,3 @@ def host_files() -> frozenset[str]:
     if not path or not Path(path).exists():
         return frozenset()
     return frozenset(Path(path).read_text().split())
-
-
-#: The CPU priority of the host tier's tests that boot nothing (a nice value, 0-19): they fill the
-#: cores the host lanes leave idle (tests/conftest.py `pytest_runtest_setup`). FORJA_CPU_LANE_NICE
-#: sets another; 0 runs them as the host tests.
-CPU_LANE_NICE = 10
-
-
-def cpu_lane_nice() -> int:
-    """FORJA_CPU_LANE_NICE, else `CPU_LANE_NICE`; refused outside 0-19."""
-    value = os.environ.get("FORJA_CPU_LANE_NICE", str(CPU_LANE_NICE))
-    if not value.isdigit() or int(value) > 19:
-        raise pytest.UsageError(f"FORJA_CPU_LANE_NICE={value!r}: use a nice value from 0 to 19")
-    return int(value)
-
-
-def nice_of(nodeid: str, host_files: frozenset[str] | set[str]) -> int:
-    """The nice value a host-tier worker runs a test at: the default for a test of a file with host
-    tests (its lane's converges, trainings and waits set the tier's length), `cpu_lane_nice()` for
-    any other (it fills the cores the host lanes leave)."""
-    return 0 if nodeid.split("::", 1)[0] in host_files else cpu_lane_nice()

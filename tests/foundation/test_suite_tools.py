@@ -176,19 +176,3 @@ def test_a_bad_host_range_for_the_sandbox_is_refused_naming_the_variable(
         service.host_slots()
     monkeypatch.delenv("FORJA_SANDBOX_HOSTS")
     assert service.host_slots() == (10, 19)
-
-
-def test_the_host_tiers_cpu_lane_runs_at_a_lower_priority_than_its_host_lanes(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from lanes import CPU_LANE_NICE, nice_of
-
-    hosts = {"tests/sandbox/test_site_e2e.py"}
-    assert nice_of("tests/sandbox/test_site_e2e.py::test_a", hosts) == 0
-    assert nice_of("tests/training/test_trainer_ddp.py::test_c", hosts) == CPU_LANE_NICE > 0
-    monkeypatch.setenv("FORJA_CPU_LANE_NICE", "19")
-    assert nice_of("tests/training/test_trainer_ddp.py::test_c", hosts) == 19
-    for bad in ("20", "-1", "low"):
-        monkeypatch.setenv("FORJA_CPU_LANE_NICE", bad)
-        with pytest.raises(pytest.UsageError, match="FORJA_CPU_LANE_NICE"):
-            nice_of("tests/training/test_trainer_ddp.py::test_c", hosts)

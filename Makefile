@@ -58,7 +58,7 @@ lint: venv
 # tests/lanes.py): the host tests in two lanes that share nothing (HOST_LANES=2), the test sandbox's
 # (its VMs, its port, local port 8888) and the other test hosts', each lane one test at a time, and
 # the slow tests that boot nothing (multi-process training, long emulator drills) on whichever
-# worker is free. Two host lanes took 31.5 minutes on this 2-core machine where one took 53
+# worker is free. Two host lanes took 25.6 minutes on this 2-core machine (at c1e7e93) where one took 53
 # (HOST_LANES=1: every host test on one worker). The two failures seen in two lanes are fixed at
 # their cause: a VM created or deleted changed the test bridge's MAC under the other lane's hosts
 # (th-up.sh keeps it), and the autostop stand-in's forked `date` was killed by systemd's stop

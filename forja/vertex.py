@@ -559,18 +559,13 @@ def failed_status(job: dict[str, Any], summary: dict[str, Any]) -> str:
 
 
 def diverged_message(summary: dict[str, Any]) -> str:
-    """"diverged at step N (why); last finite loss ...": the summary's divergence record for people."""
-    div = summary.get("divergence") or {}
-    said = "diverged"
-    if div.get("step") is not None:
-        said += f" at step {div['step']}"
-    if div.get("reason"):
-        said += f" ({div['reason']})"
-    if isinstance(div.get("last_finite_loss"), int | float):
-        said += f"; last finite loss {div['last_finite_loss']:.6g} at step {div.get('last_finite_step')}"
-    if div.get("last_good_checkpoint"):
-        said += f"; last good checkpoint {div['last_good_checkpoint']}"
-    return f"{said}: not restarted, nothing exported. Lower the learning rate, or resume a good checkpoint"
+    """What a diverged job's run says: the trainer's own sentence (trainer.divergence.sentence, as a
+    VM run's summary says it) from the summary's record, or only that it diverged without one."""
+    from trainer.divergence import sentence
+
+    record = summary.get("divergence")
+    return sentence(record) if isinstance(record, dict) and "step" in record and "reason" in record else (
+        "diverged (its trainer exited 7; no summary reached the bucket): not restarted, nothing exported")
 
 
 def _lines(path: Path) -> Iterator[str]:

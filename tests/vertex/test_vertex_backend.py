@@ -346,8 +346,8 @@ def test_a_job_whose_trainer_diverged_is_named_diverged_not_failed(
         forja.vertex_follow("nan-lr", poll_s=0.1)
     said = diverged.value.message
     assert diverged.value.exit_code == ExitCode.DIVERGED, said
-    assert "of run nan-lr diverged at step 10 (loss is NaN); last finite loss 2.25 at step 9; last good " \
-           "checkpoint ckpt-8.pt" in said, said
+    assert "of run nan-lr diverged at step 10: loss is NaN; last finite loss 2.25 at step 9; newest " \
+           "checkpoint before it: ckpt-8.pt; nothing was exported" in said, said
     record = forja.history.get("nan-lr")
     assert record.status == "diverged" and record.steps == 10 and record.message == said, record
 

@@ -40,16 +40,21 @@ METRIC_FIELDS = (
 
 def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
     """Objects from a JSON-lines file; a line cut by a crash is skipped, not fatal."""
+    return (obj for _, obj in numbered_jsonl(path))
+
+
+def numbered_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) of a JSON-lines file, for a reader that names the line it refuses."""
     if not path.is_file():
         return
-    with open(path) as handle:
-        for line in handle:
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError:
                 continue
             if isinstance(obj, dict):
-                yield obj
+                yield number, obj
 
 
 def logged_any(path: Path) -> bool:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer import finite
+from trainer.metrics import numbered_jsonl
 from trainer.summary import Summary
 
 PLOTS = ("loss.png", "throughput.png", "utilisation.png", "cost.png")
@@ -36,21 +37,11 @@ def _number(value: Any) -> bool:
 
 
 def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, object) of a JSON-lines file; a line cut by a crash is skipped (as
-    trainer.metrics.read_jsonl does), a line of the wrong shape is for the caller to name."""
-    if not path.is_file():
-        return
+    """trainer.metrics.numbered_jsonl, with a file that is not UTF-8 named as such."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        yield from numbered_jsonl(path)
     except UnicodeDecodeError as exc:
         raise RunFolderError(f"{path} is not UTF-8 text (byte {exc.start}): not a trainer's log") from None
-    for number, line in enumerate(lines, 1):
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(obj, dict):
-            yield number, obj
 
 
 def _metrics(path: Path) -> list[dict[str, Any]]:

@@ -467,7 +467,7 @@ class Forja:
         A preempted VM is started again in its zone; one whose zone ran out of capacity (or that is
         gone) is made again in the next of `fallback_zones`, configured with the same playbooks, and
         the run is sent again (`train`: how it was sent, as `Forja.train`'s keywords), resuming from
-        its newest checkpoint in the bucket. `budget` (`forja.managed.Budget`) says when to stop
+        its newest checkpoint in the bucket. `budget` (`forja.managed.RecoveryBudget`) says when to stop
         trying. One watcher per run: a second raises WatchError naming the first. Every transition
         goes into the run's history. See forja/managed.py for the whole policy.
         """

@@ -579,7 +579,7 @@ def _budget(recoveries: int, down: str, down_usd: float | None) -> Any:
     """The watcher's budget from the options (the API checks it, with the zones, before anything runs)."""
     from forja import managed
 
-    return managed.Budget(recoveries, managed.seconds(down, "--max-down"), down_usd)
+    return managed.RecoveryBudget(recoveries, managed.seconds(down, "--max-down"), down_usd)
 
 
 def _say(line: str) -> None:

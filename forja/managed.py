@@ -69,14 +69,24 @@ class WatchError(errors.ForjaError):
     exit_code = errors.ExitCode.STOPPED
 
 
+#: Seconds between two looks at a watched VM (one small playbook each): the API's and the CLI's default.
+POLL_S = 30.0
+#: Most recoveries by default (restarts in place and zone moves together).
+MAX_RECOVERIES = 10
+#: Most time down by default, as `--max-down` writes it (`seconds()` reads it).
+MAX_DOWN = "6h"
+
+
 @dataclass(frozen=True)
-class Budget:
-    """When the watcher stops trying. Every limit counts for the whole run, across all recoveries."""
+class RecoveryBudget:
+    """When the watcher stops trying. Every limit counts for the whole run, across all recoveries.
+
+    Not `forja.cost.Budget` (a spending cap on running VMs): this one bounds a watched run's outages."""
 
     #: Most recoveries (restarts in place and zone moves together).
-    max_recoveries: int = 10
+    max_recoveries: int = MAX_RECOVERIES
     #: Most seconds the run may spend down, all outages together.
-    max_down_s: float = 6 * 3600.0
+    max_down_s: float = field(default_factory=lambda: seconds(MAX_DOWN, "--max-down"))
     #: Most dollars spent while down (the boot disk bills while the VM is stopped); None: no limit.
     max_down_usd: float | None = None
 
@@ -123,7 +133,7 @@ def zone_order(zones: Sequence[str], failed: Sequence[str]) -> tuple[str, ...]:
     return tuple([z for z in ordered if z not in recent] + recent)
 
 
-def over_budget(tally: Tally, budget: Budget) -> str | None:
+def over_budget(tally: Tally, budget: RecoveryBudget) -> str | None:
     """Which limit is spent, in words; None while all hold."""
     if tally.recoveries >= budget.max_recoveries:
         return (
@@ -141,7 +151,7 @@ def over_budget(tally: Tally, budget: Budget) -> str | None:
 
 
 def decide(
-    vm: InstanceState, run_status: str | None, tally: Tally, budget: Budget, zones: Sequence[str]
+    vm: InstanceState, run_status: str | None, tally: Tally, budget: RecoveryBudget, zones: Sequence[str]
 ) -> Decision:
     """What to do about the VM and the run as observed now; the watcher's whole policy."""
     if run_ended(run_status):
@@ -262,16 +272,16 @@ class Watcher:
         self,
         forja: Forja,
         state: WatchState,
-        budget: Budget | None = None,
+        budget: RecoveryBudget | None = None,
         *,
-        poll_s: float = 30.0,
+        poll_s: float = POLL_S,
         say: Callable[[str], None] = print,
         down_usd_per_s: float | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.forja = forja
         self.state = state
-        self.budget = budget or Budget()
+        self.budget = budget or RecoveryBudget()
         self.budget.check()
         self.poll_s = poll_s
         self.say = say
@@ -427,10 +437,10 @@ class Watcher:
         self.forja.train(**{**self.state.train, "name": self.state.run, "wait": False})
 
 
-def checked_request(fallback_zones: Sequence[str], budget: Budget | None) -> Budget:
+def checked_request(fallback_zones: Sequence[str], budget: RecoveryBudget | None) -> RecoveryBudget:
     """The budget of a managed run (the default one when None), refused with the option to fix
     before anything runs: a budget spent before it starts, or no zone to move to."""
-    budget = budget or Budget()
+    budget = budget or RecoveryBudget()
     budget.check()
     if not fallback_zones:
         raise errors.ConfigError("--fallback-zone", "a managed run needs at least one zone to move to on a "

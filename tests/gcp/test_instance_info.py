@@ -118,7 +118,7 @@ def test_a_watcher_of_an_on_demand_vm_says_what_it_watches_and_leaves_a_vm_its_u
 
 def test_a_watcher_whose_budget_is_spent_gives_up_saying_why_and_records_it(emulator, gcp_env, tmp_path,
                                                                           monkeypatch):
-    from forja.managed import Budget, Tally, WatchError, start_state
+    from forja.managed import RecoveryBudget, Tally, WatchError, start_state
 
     monkeypatch.setenv("FORJA_HOME", str(tmp_path / "home"))
     (tmp_path / "made").mkdir()
@@ -130,8 +130,8 @@ def test_a_watcher_whose_budget_is_spent_gives_up_saying_why_and_records_it(emul
     kept.tally = Tally(down_s=3000.0, down_since=time.time() - 700)  # down for most of an hour already
     kept.save()
     with pytest.raises(WatchError, match=r"gave up on run digits-1: down 1h 0\dm in all.*--max-down 1h 00m"):
-        forja.watch("digits-1", fallback_zones=["us-east1-b"], budget=Budget(max_down_s=3600), poll_s=0.1,
-                    say=lambda line: None)
+        forja.watch("digits-1", fallback_zones=["us-east1-b"], budget=RecoveryBudget(max_down_s=3600),
+                    poll_s=0.1, say=lambda line: None)
     (gave_up,) = [e for e in forja.history.events("digits-1") if e.kind == "gave_up"]
     assert "--max-down 1h 00m" in gave_up.data["reason"] and gave_up.data["seconds_down"] > 3600
     assert emulator.instance(PROJECT, "us-east1-d", "forja-l4")["status"] == "TERMINATED"  # left as it is
@@ -141,7 +141,7 @@ def test_a_run_that_spent_its_budget_is_refused_and_bad_managed_input_sends_noth
     emulator, gcp_env, tmp_path, monkeypatch
 ):
     from forja import errors
-    from forja.managed import Budget, Tally, WatchError, start_state
+    from forja.managed import RecoveryBudget, Tally, WatchError, start_state
 
     monkeypatch.setenv("FORJA_HOME", str(tmp_path / "home"))
     (tmp_path / "made").mkdir()
@@ -151,8 +151,9 @@ def test_a_run_that_spent_its_budget_is_refused_and_bad_managed_input_sends_noth
     kept.tally = Tally(down_usd=5.0)
     kept.save()
     with pytest.raises(WatchError, match=r"digits-1 has spent its budget already: \$5.00 spent while down"):
-        forja.watch("digits-1", fallback_zones=["us-east1-b"], budget=Budget(max_down_usd=5.0), say=print)
-    spent = Budget(max_down_usd=0.0)
+        forja.watch("digits-1", fallback_zones=["us-east1-b"], budget=RecoveryBudget(max_down_usd=5.0),
+                    say=print)
+    spent = RecoveryBudget(max_down_usd=0.0)
     for bad, field in (({"fallback_zones": []}, "--fallback-zone"),
                        ({"fallback_zones": ["us-east1-b"], "budget": spent}, "--max-down-usd")):
         with pytest.raises(errors.ConfigError) as caught:

@@ -16,7 +16,7 @@ import pytest
 from forja import errors
 from forja.contract import InstanceState
 from forja.managed import (
-    Budget,
+    RecoveryBudget,
     Tally,
     WatchError,
     WatchState,
@@ -56,7 +56,7 @@ GONE = InstanceState(exists=False)
     ],
 )
 def test_the_watcher_decides_from_what_it_sees(vm, run, tally, action, zones):
-    decision = decide(vm, run, tally, Budget(), ZONES)
+    decision = decide(vm, run, tally, RecoveryBudget(), ZONES)
     assert decision.action == action, decision.reason
     assert decision.zones == zones
 
@@ -70,16 +70,16 @@ def test_a_zone_that_failed_is_tried_only_when_nothing_else_is_left():
 
 
 def test_giving_up_says_which_limit_was_spent():
-    spent = decide(PREEMPTED, "running", Tally(down_usd=2.5), Budget(max_down_usd=2.0), ZONES)
+    spent = decide(PREEMPTED, "running", Tally(down_usd=2.5), RecoveryBudget(max_down_usd=2.0), ZONES)
     assert spent.action == "give_up" and "--max-down-usd" in spent.reason and "$2.50" in spent.reason
-    spent = decide(PREEMPTED, "running", Tally(recoveries=3), Budget(max_recoveries=3), ZONES)
+    spent = decide(PREEMPTED, "running", Tally(recoveries=3), RecoveryBudget(max_recoveries=3), ZONES)
     assert "--max-recoveries 3" in spent.reason
 
 
 @pytest.mark.parametrize(
     ("budget", "option"),
-    [(Budget(max_recoveries=0), "--max-recoveries"), (Budget(max_down_s=0), "--max-down"),
-     (Budget(max_down_usd=0.0), "--max-down-usd")],
+    [(RecoveryBudget(max_recoveries=0), "--max-recoveries"), (RecoveryBudget(max_down_s=0), "--max-down"),
+     (RecoveryBudget(max_down_usd=0.0), "--max-down-usd")],
 )
 def test_a_budget_used_up_before_it_starts_is_refused_naming_the_option(budget, option):
     with pytest.raises(errors.ConfigError) as caught:

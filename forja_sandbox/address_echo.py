@@ -9,9 +9,10 @@ other caller gets its own address.
 
 from __future__ import annotations
 
-import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from forja_sandbox.serving import ServedOnThread
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -31,20 +32,12 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
-class AddressEcho(ThreadingHTTPServer):
+class AddressEcho(ServedOnThread, ThreadingHTTPServer):
     """Answers every GET with the caller's address (`seen_as` for a caller on this machine)."""
 
-    daemon_threads = True
+    thread_name = "address-echo"
 
     def __init__(self, seen_as: str, host: str = "127.0.0.1", port: int = 0) -> None:
         self.seen_as = seen_as
         super().__init__((host, port), _Handler)
         self.port = int(self.server_address[1])
-
-    def start(self) -> AddressEcho:
-        threading.Thread(target=self.serve_forever, name="address-echo", daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        self.shutdown()
-        self.server_close()

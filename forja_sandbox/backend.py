@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from forja_sandbox import firewall, testhosts
+from forja_sandbox.files import write_atomically
 
 FIRST_INDEX = 10
 LAST_INDEX = 19
@@ -85,10 +86,7 @@ class TestHostBackend:
             self._bindings = {k: int(v) for k, v in json.loads(bindings_file.read_text()).items()}
 
     def _save(self) -> None:
-        self._file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self._file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self._bindings, indent=1, sort_keys=True))
-        tmp.replace(self._file)
+        write_atomically(self._file, json.dumps(self._bindings, indent=1, sort_keys=True))
 
     def bindings(self) -> dict[str, int]:
         with self._lock:

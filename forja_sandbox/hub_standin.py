@@ -27,6 +27,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from forja_sandbox.serving import ServedOnThread
+
 #: Suffixes the Hub's default .gitattributes sends through LFS (a subset), and its size threshold.
 LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".onnx", ".msgpack", ".npz", ".zip")
 LFS_THRESHOLD = 10 << 20
@@ -102,10 +104,10 @@ class HubError(Exception):
         self.status, self.message, self.code, self.extra = status, message, code, extra
 
 
-class HubStandIn(ThreadingHTTPServer):
+class HubStandIn(ServedOnThread, ThreadingHTTPServer):
     """The server: ``with HubStandIn({"hf_w": Token("alice")}) as hub: HfApi(endpoint=hub.url)``."""
 
-    daemon_threads = True
+    thread_name = "hub-standin"
 
     def __init__(self, tokens: dict[str, Token], host: str = "127.0.0.1", port: int = 0) -> None:
         super().__init__((host, port), _Handler)
@@ -115,21 +117,11 @@ class HubStandIn(ThreadingHTTPServer):
         self.uploads: dict[str, tuple[str, int]] = {}  # one-time upload signature -> (oid, size)
         self.requests: list[tuple[str, str, int]] = []  # (method, path, status), for tests
         self.lock = threading.Lock()
-        self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
         return f"http://{host}:{port}"
-
-    def __enter__(self) -> HubStandIn:
-        self._thread = threading.Thread(target=self.serve_forever, name="hub-standin", daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.shutdown()
-        self.server_close()
 
     def files(self, repo_id: str) -> dict[str, bytes]:
         """The files at the head of a repo's main branch."""

@@ -7,7 +7,7 @@ checks the caller's permission, and connects to the VM's internal address from i
 nothing else: a rule for the caller's own address does not help, nor is one needed.
 
 The sandbox keeps exactly those consequences and nothing of the protocol:
-- `IapStandIn` (run by the sandbox service on 127.0.0.1, `service.iap_port()`) reads one JSON line
+- `IapStandIn` (run by the sandbox service on 127.0.0.1, `ports.iap_port()`) reads one JSON line
   naming project, zone, instance and port, finds the instance in the emulator (it must exist and be
   RUNNING, as IAP requires), connects to its internal address *from 35.235.240.1*, an address of
   IAP's range that `th-up.sh` puts on the hosts' bridge, answers `OK`, then relays bytes. The
@@ -22,9 +22,7 @@ No authentication or authorisation (roles/iap.tunnelResourceAccessor) is modelle
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import socket
 import socketserver
 import sys
@@ -32,12 +30,14 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from forja_sandbox.ports import iap_port
+from forja_sandbox.serving import ServedOnThread, pump, relay
+
 #: The address of Google's IAP range (35.235.240.0/20) that the stand-in connects from.
 IAP_SOURCE = "35.235.240.1"
 #: Google's documented IAP TCP forwarding range: what a firewall rule must admit.
 IAP_RANGE = "35.235.240.0/20"
 CONNECT_TIMEOUT_S = 10.0
-CHUNK = 65536
 
 
 def _no_delay(sock: socket.socket) -> socket.socket:
@@ -47,29 +47,6 @@ def _no_delay(sock: socket.socket) -> socket.socket:
 
 #: (project, zone, instance) -> the instance dict, or None when there is no such instance.
 InstanceLookup = Callable[[str, str, str], "dict[str, Any] | None"]
-
-
-def _pump(src: socket.socket | int, dst: socket.socket | int) -> None:
-    """Copy bytes one way until EOF, then half-close the other side (ssh needs the EOF to pass)."""
-    try:
-        while True:
-            data = src.recv(CHUNK) if isinstance(src, socket.socket) else os.read(src, CHUNK)
-            if not data:
-                break
-            if isinstance(dst, socket.socket):
-                dst.sendall(data)
-            else:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(dst, view):]
-    except OSError:
-        pass
-    finally:
-        with contextlib.suppress(OSError):
-            if isinstance(dst, socket.socket):
-                dst.shutdown(socket.SHUT_WR)
-            else:
-                os.close(dst)
 
 
 def internal_address(lookup: InstanceLookup, project: str, zone: str, name: str) -> str:
@@ -113,32 +90,22 @@ class _Handler(socketserver.BaseRequestHandler):
         _no_delay(upstream)
         _no_delay(client)
         client.sendall(b"OK\n")
-        back = threading.Thread(target=_pump, args=(upstream, client), daemon=True)
-        back.start()
-        _pump(client, upstream)
-        back.join()
+        relay(client, upstream)
         upstream.close()
 
 
-class IapStandIn(socketserver.ThreadingTCPServer):
+class IapStandIn(ServedOnThread, socketserver.ThreadingTCPServer):
     """The sandbox's IAP endpoint: one relay per connection, from `source` to the instance."""
 
     daemon_threads = True
     allow_reuse_address = True
+    thread_name = "iap-stand-in"
 
     def __init__(self, lookup: InstanceLookup, host: str = "127.0.0.1", port: int = 0,
                  source: str = IAP_SOURCE) -> None:
         self.lookup, self.source = lookup, source
         super().__init__((host, port), _Handler)
         self.port = int(self.server_address[1])
-
-    def start(self) -> IapStandIn:
-        threading.Thread(target=self.serve_forever, name="iap-stand-in", daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        self.shutdown()
-        self.server_close()
 
 
 def proxy_command(instance: str, zone: str, project: str) -> str:
@@ -163,12 +130,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     """Relay stdin/stdout through the sandbox's IAP stand-in (ssh -o ProxyCommand=...)."""
-    from forja_sandbox import service
-
     args = parse_args(sys.argv[1:] if argv is None else argv)
     prefix = "ERROR: (forja_sandbox.iap start-iap-tunnel)"
     try:
-        sock = socket.create_connection(("127.0.0.1", service.iap_port()), timeout=CONNECT_TIMEOUT_S)
+        sock = socket.create_connection(("127.0.0.1", iap_port()), timeout=CONNECT_TIMEOUT_S)
     except OSError as exc:
         print(f"{prefix} the sandbox's IAP stand-in does not answer ({exc}); run `make sandbox`",
               file=sys.stderr)
@@ -187,9 +152,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     sock.settimeout(None)
     _no_delay(sock)
-    back = threading.Thread(target=_pump, args=(sock, sys.stdout.fileno()), daemon=True)
+    back = threading.Thread(target=pump, args=(sock, sys.stdout.fileno()), daemon=True)
     back.start()
-    _pump(sys.stdin.fileno(), sock)
+    pump(sys.stdin.fileno(), sock)
     back.join()
     return 0
 

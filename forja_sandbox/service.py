@@ -27,59 +27,44 @@ from pathlib import Path
 from typing import Any
 
 from forja_sandbox import testhosts
+from forja_sandbox.files import write_atomically
+from forja_sandbox.ports import address_port, iap_port, metadata_port, port, storage_port
 
-DEFAULT_PORT = 8089
 PROJECT = "forja-sandbox"
 POLL_S = 2.0
 
 
+class _UnderRoot:
+    """An attribute of `SandboxPaths`: the file (or folder) `name` under its root."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, paths: SandboxPaths | None, owner: type | None = None) -> Path:
+        if paths is None:
+            raise AttributeError(f"{self.name} is a path under a SandboxPaths' root")
+        return paths.root / self.name
+
+
 @dataclass(frozen=True)
 class SandboxPaths:
-    """Where the sandbox keeps its state, outside the checkout."""
+    """Where the sandbox keeps its state, outside the checkout: `root`, and each file under it."""
 
     root: Path
-
-    @property
-    def state(self) -> Path:
-        return self.root / "compute-state.json"
-
-    @property
-    def bindings(self) -> Path:
-        return self.root / "host-bindings.json"
-
-    @property
-    def key(self) -> Path:
-        return self.root / "service-account.json"
-
-    @property
-    def pid(self) -> Path:
-        return self.root / "emulator.pid"
-
-    @property
-    def boot_over(self) -> Path:
-        return self.root / "boot-over.json"
-
-    @property
-    def log(self) -> Path:
-        return self.root / "emulator.log"
-
-    @property
-    def info(self) -> Path:
-        return self.root / "endpoint.json"
-
-    @property
-    def storage(self) -> Path:
-        """The storage emulator's buckets and objects (they outlive a service restart)."""
-        return self.root / "storage"
+    state = _UnderRoot("compute-state.json")
+    bindings = _UnderRoot("host-bindings.json")
+    key = _UnderRoot("service-account.json")
+    pid = _UnderRoot("emulator.pid")
+    boot_over = _UnderRoot("boot-over.json")
+    log = _UnderRoot("emulator.log")
+    info = _UnderRoot("endpoint.json")
+    #: The storage emulator's buckets and objects (they outlive a service restart).
+    storage = _UnderRoot("storage")
 
 
 def paths() -> SandboxPaths:
     root = Path(os.environ.get("FORJA_SANDBOX_DIR") or testhosts.base_dir() / "sandbox")
     return SandboxPaths(root)
-
-
-def port() -> int:
-    return int(os.environ.get("FORJA_SANDBOX_PORT", DEFAULT_PORT))
 
 
 def host_slots() -> tuple[int, int]:
@@ -105,36 +90,16 @@ def oslogin_url(p: int | None = None) -> str:
     return f"http://127.0.0.1:{p or port()}/oslogin/v1/"
 
 
-def metadata_port(p: int | None = None) -> int:
-    """The guests' metadata server listens next to the API (GCE's is 169.254.169.254:80)."""
-    return (p or port()) + 1
-
-
 def metadata_url(p: int | None = None) -> str:
     """What a sandbox VM uses for http://metadata.google.internal/computeMetadata/v1: the host's
     address on the hosts' bridge, which every sandbox VM routes to."""
     return f"http://{testhosts.net_prefix()}.1:{metadata_port(p)}/computeMetadata/v1"
 
 
-def iap_port(p: int | None = None) -> int:
-    """The IAP stand-in (forja_sandbox/iap.py) listens on 127.0.0.1 here; its client finds it here."""
-    return (p or port()) + 2
-
-
-def address_port(p: int | None = None) -> int:
-    """The "what is my address" echo (a stand-in for api.ipify.org) on 127.0.0.1."""
-    return (p or port()) + 3
-
-
 def address_url(p: int | None = None) -> str:
     """Where the gcp_instance role detects the controller's address for direct SSH (forja_sandbox/
     address_echo.py: the address the sandbox's VMs see this machine at, the bridge's)."""
     return f"http://127.0.0.1:{address_port(p)}/"
-
-
-def storage_port(p: int | None = None) -> int:
-    """The Cloud Storage emulator (forja_sandbox/storage_emulator.py)."""
-    return (p or port()) + 4
 
 
 def storage_url(p: int | None = None, bridge: bool = False) -> str:
@@ -153,7 +118,9 @@ def _alive(pid_file: Path) -> int | None:
     return pid
 
 
-def _answers(url: str) -> bool:
+def answers(url: str) -> bool:
+    """Whether a Compute emulator answers at `url` (any status below 500): the one that serves, not a
+    port some other process holds."""
     try:
         with urllib.request.urlopen(url + "projects/" + PROJECT + "/zones", timeout=2) as resp:
             return resp.status < 500
@@ -179,7 +146,7 @@ def ensure_running(timeout_s: float = 60.0, faults: list[dict[str, Any]] | None 
     url = base_url()
     with open(sp.root / "service.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not _answers(url):
+        if not answers(url):
             testhosts.ensure_golden()
             env = dict(os.environ)
             if faults is not None:
@@ -191,7 +158,7 @@ def ensure_running(timeout_s: float = 60.0, faults: list[dict[str, Any]] | None 
                     start_new_session=True, env=env,
                 )
             deadline = time.monotonic() + timeout_s
-            while not _answers(url):
+            while not answers(url):
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"the sandbox emulator did not start; see {sp.log}")
                 time.sleep(0.1)
@@ -230,10 +197,7 @@ def boot_over(layers: dict[str, Path] | None) -> None:
     missing = [f"{image}: {layer}" for image, layer in layers.items() if not Path(layer).is_dir()]
     if missing:
         raise FileNotFoundError(f"no such layer to boot over: {', '.join(missing)}")
-    sp.root.mkdir(parents=True, exist_ok=True)
-    tmp = sp.boot_over.with_suffix(".tmp")
-    tmp.write_text(json.dumps({image: str(layer) for image, layer in layers.items()}))
-    tmp.replace(sp.boot_over)
+    write_atomically(sp.boot_over, json.dumps({image: str(layer) for image, layer in layers.items()}))
 
 
 def stop_service() -> None:
@@ -266,7 +230,7 @@ def describe() -> dict[str, object]:
     from forja_sandbox.backend import TestHostBackend
 
     sp = paths()
-    running = bool(_alive(sp.pid) and _answers(base_url()))
+    running = bool(_alive(sp.pid) and answers(base_url()))
     rows = [
         {"instance": key, "host": f"th{index}", "address": testhosts.address(index),
          "up": testhosts.is_up(index)}
@@ -385,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(ensure_running()))
     elif args.cmd == "check":
         url = base_url()
-        if not (_alive(paths().pid) and _answers(url)):
+        if not (_alive(paths().pid) and answers(url)):
             print("the sandbox is not running; start it with `forja sandbox up`", file=sys.stderr)
             return 1
         print(json.dumps(endpoint()))

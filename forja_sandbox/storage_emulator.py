@@ -19,7 +19,6 @@ import socket
 import socketserver
 import subprocess
 import sys
-import threading
 import time
 import traceback
 import urllib.error
@@ -29,10 +28,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, parse_qsl, unquote, urlsplit
 
+from forja_sandbox.files import write_atomically
 from forja_sandbox.http_limits import (
     MAX_BODY,
     MAX_UPLOAD,
@@ -42,7 +41,7 @@ from forja_sandbox.http_limits import (
     BoundedRequests,
     check_shape,
 )
-from forja_sandbox.iap import _pump
+from forja_sandbox.serving import ServedOnThread, Service, end_process, relay
 
 #: How long start() waits for the emulator to answer HTTP before it gives up.
 START_TIMEOUT_S = 20.0
@@ -60,7 +59,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-class StorageEmulator:
+class StorageEmulator(Service):
     """One emulated Cloud Storage endpoint, started and stopped as a child process.
 
     `data_dir` given: objects and buckets live there and survive stop/kill/start. `data_dir` None:
@@ -142,16 +141,8 @@ class StorageEmulator:
     def stop(self) -> None:
         """Graceful stop: SIGTERM, then SIGKILL after STOP_TIMEOUT_S."""
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            proc.wait()
+        if proc is not None:
+            end_process(proc, STOP_TIMEOUT_S)
 
     def kill(self) -> None:
         """SIGKILL, no goodbye: what a crash looks like (fault tests). start() brings it back."""
@@ -162,14 +153,6 @@ class StorageEmulator:
             proc.kill()
         proc.wait()
 
-    def __enter__(self) -> StorageEmulator:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
 
 class _RelayHandler(socketserver.BaseRequestHandler):
     def handle(self) -> None:
@@ -179,14 +162,11 @@ class _RelayHandler(socketserver.BaseRequestHandler):
         except OSError:
             return
         upstream.settimeout(None)
-        back = threading.Thread(target=_pump, args=(upstream, self.request), daemon=True)
-        back.start()
-        _pump(self.request, upstream)
-        back.join()
+        relay(self.request, upstream)
         upstream.close()
 
 
-class BridgeRelay(socketserver.ThreadingTCPServer):
+class BridgeRelay(ServedOnThread, socketserver.ThreadingTCPServer):
     """A TCP relay from one address (the hosts' bridge) to the emulator on 127.0.0.1.
 
     Why: the sandbox's VMs must reach the store at the bridge address, which exists only once a
@@ -198,18 +178,11 @@ class BridgeRelay(socketserver.ThreadingTCPServer):
 
     daemon_threads = True
     allow_reuse_address = True
+    thread_name = "storage-bridge-relay"
 
     def __init__(self, host: str, port: int, target: tuple[str, int]) -> None:
         self.target = target
         super().__init__((host, port), _RelayHandler)
-
-    def start(self) -> BridgeRelay:
-        threading.Thread(target=self.serve_forever, name="storage-bridge-relay", daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        self.shutdown()
-        self.server_close()
 
 
 # --- The shim: five gaps of gcp-storage-emulator that forja relies on, filled in its own process. ---
@@ -400,7 +373,7 @@ def _check_chunk(request: Any) -> None:
         raise Refused(400, f"Content-Range {header[:80]!r} does not fit the {size} bytes sent.")
 
 
-def _precondition_holds(request: Any, storage: Any, bucket: str, name: str | None) -> bool:
+def precondition_holds(request: Any, storage: Any, bucket: str, name: str | None) -> bool:
     """GCS's ifGenerationMatch / ifGenerationNotMatch on the object `name` (0 = must not exist); a
     value that is not an integer is a 400 (:class:`Refused`), as on GCS."""
     if name is None:
@@ -420,7 +393,7 @@ def _guarded(handler: Callable[..., Any], target: Callable[[Any, Any], str | Non
         name = target(request, storage)
         if name is not None:
             _check_object_name(name)
-        if not _precondition_holds(request, storage, bucket, name):
+        if not precondition_holds(request, storage, bucket, name):
             response.status = HTTPStatus.PRECONDITION_FAILED
             response.json(_PRECONDITION_FAILED)
             return None
@@ -611,14 +584,7 @@ def _install_shim() -> None:
     def write_bytes_atomically(self: Any, rel: str, content: bytes) -> None:
         if self._use_memory:
             return original_write(self, rel, content)
-        path = self._disk_path(self._norm(rel))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with tmp.open("wb") as fh:
-            fh.write(content)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        write_atomically(self._disk_path(self._norm(rel)), content, fsync=True)
         return None
 
     original_write = gse_storage._FileStore.write_bytes

@@ -16,9 +16,10 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
+
+from forja_sandbox.files import write_atomically
 
 SCRIPTS = Path(__file__).with_name("scripts")
 #: The guest-agent stand-in th-up.sh installs into hosts that take their SSH keys from metadata.
@@ -345,12 +346,8 @@ def up(index: int, release: str | None = None, image: str = "golden", firewall: 
 
 def _write_firewall(index: int, ruleset: str) -> Path:
     """Keep the host's ruleset in its folder: what th-up.sh loads, and a record of what is loaded."""
-    path = base_dir() / "hosts" / f"th{index}" / "firewall.nft"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".firewall.nft.{os.getpid()}.{threading.get_ident()}")
-    tmp.write_text(ruleset)
-    tmp.replace(path)  # th-up.sh may be reading it: never half written
-    return path
+    # th-up.sh may be reading it: never half written
+    return write_atomically(base_dir() / "hosts" / f"th{index}" / "firewall.nft", ruleset)
 
 
 def apply_firewall(index: int, ruleset: str) -> bool:

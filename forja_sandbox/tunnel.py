@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import IO
 
 from forja.tunnel import HostKeyPolicy, ssh_command
+from forja_sandbox.serving import end_process
 
 
 class TunnelError(RuntimeError):
@@ -93,7 +94,7 @@ def ssh_tunnel(
             _wait_until_open(proc, local_port, timeout_s, stderr)
             yield Tunnel(local_port, remote, proc)
         finally:
-            _stop(proc)
+            end_process(proc, grace_s=5)
 
 
 def _wait_until_open(
@@ -112,13 +113,3 @@ def _wait_until_open(
         except OSError:
             time.sleep(0.1)
     raise TunnelError(f"the tunnel's local port {local_port} did not open within {timeout_s:.0f} s")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()

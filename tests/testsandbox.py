@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from forja_sandbox import hostlayers, service, testhosts
+from forja_sandbox import hostlayers, ports, service, testhosts
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = REPO / "inventory" / "sandbox"
@@ -57,7 +57,7 @@ def write_inventory(folder: Path = INVENTORY) -> Path:
     sandbox_dir = env()["FORJA_SANDBOX_DIR"]
 
     def moved(text: str) -> str:
-        text = PORTS.sub(lambda m: f"{m.group(1)}:{PORT + int(m.group(2)) - service.DEFAULT_PORT}", text)
+        text = PORTS.sub(lambda m: f"{m.group(1)}:{PORT + int(m.group(2)) - ports.DEFAULT_PORT}", text)
         return text.replace("~/.cache/forja/sandbox", sandbox_dir)
 
     shutil.rmtree(folder.parent, ignore_errors=True)

@@ -12,8 +12,8 @@ import sys
 import threading
 from pathlib import Path
 
+from ..emulator_http import LISTEN_BACKLOG
 from .emulator import DEFAULT_PROJECT, ComputeEmulator
-from .server import LISTEN_BACKLOG
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,19 +9,18 @@ methods themselves live in `instance_methods` and `resource_methods`; operations
 from __future__ import annotations
 
 import copy
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
 
 from . import catalog
 from .errors import ApiError, not_found
-from .faults import Faults
 from .guest_attributes import GuestAttributeMethods
 from .instance_methods import InstanceMethods
 from .operations import Call, InstanceBackend, OperationFailed
 from .resource_methods import ResourceMethods
 from .resource_policies import ResourcePolicyMethods
-from .state import Store
 
 Json = dict[str, Any]
 
@@ -29,17 +28,9 @@ Json = dict[str, Any]
 class ComputeApi(InstanceMethods, ResourceMethods, ResourcePolicyMethods, GuestAttributeMethods):
     """Every implemented Compute method, by discovery id, behind one `dispatch`."""
 
-    def __init__(
-        self,
-        store: Store,
-        faults: Faults,
-        base_url: Callable[[], str],
-        backend: InstanceBackend | None = None,
-        operation_delay_s: float = 0.0,
-        wait_timeout_s: float = 120.0,
-    ) -> None:
-        super().__init__(store, faults, base_url, backend, operation_delay_s, wait_timeout_s)
-        self._handlers: dict[str, Callable[[Call], Json | bytes]] = {
+    @functools.cached_property
+    def _handlers(self) -> dict[str, Callable[[Call], Json | bytes]]:
+        return {
             "compute.instances.aggregatedList": self.instances_aggregated_list,
             "compute.instances.list": self.instances_list,
             "compute.instances.get": self.instances_get,

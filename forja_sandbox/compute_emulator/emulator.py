@@ -7,28 +7,24 @@ knobs tests need: fault rules, request counters, seeding, and direct reads of th
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
-import socket
-import threading
-import time
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
+from ..emulator_http import LISTEN_BACKLOG, EmulatorService
 from . import catalog
 from .api import ComputeApi, InstanceBackend
 from .auth import write_private_file
 from .faults import Faults
 from .instances import build_instance, now
-from .server import LISTEN_BACKLOG, EmulatorHTTPServer, RequestLog
+from .server import EmulatorHTTPServer, RequestLog
 from .state import InstanceRecord, Store
 
 DEFAULT_PROJECT = "forja-sandbox"
 
 
-class ComputeEmulator:
+class ComputeEmulator(EmulatorService):
     """A local Compute Engine v1 API plus OAuth token endpoint on a real loopback HTTP port."""
 
     def __init__(
@@ -45,7 +41,6 @@ class ComputeEmulator:
         self.faults = Faults()
         self.log = RequestLog()
         self._server = EmulatorHTTPServer((host, port), self, listen_backlog)
-        self._thread: threading.Thread | None = None
         bound_host, bound_port = self._server.server_address[:2]
         self.host = str(bound_host)
         self.port = int(bound_port)
@@ -60,52 +55,18 @@ class ComputeEmulator:
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> ComputeEmulator:
-        if self._thread is None:
+        if not self._server.serving:
             self.store.start_saver()
-            self._thread = threading.Thread(
-                target=self._server.serve_forever,
-                name="compute-emulator",
-                kwargs={"poll_interval": 0.5},
-                daemon=True,
-            )
-            self._thread.start()
+            super().start()
             self.api.sync_firewalls()  # a backend that enforces them gets the rules of a state file
         return self
 
     def stop(self) -> None:
         """Stop serving, release the port, and write the state file one last time."""
-        if self._thread is not None:
-            stopper = threading.Thread(
-                target=self._server.shutdown, name="compute-emulator-stop", daemon=True
-            )
-            stopper.start()
-            deadline = time.monotonic() + 5
-            while stopper.is_alive() and time.monotonic() < deadline:
-                self._poke()  # wake the accept loop now instead of at its next poll
-                stopper.join(0.02)
-            self._thread.join(timeout=5)
-            self._thread = None
-        self._server.server_close()
+        super().stop()
         self.store.close()
 
-    def _poke(self) -> None:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-        with contextlib.suppress(OSError), socket.create_connection((host, self.port), timeout=0.5):
-            pass
-
-    def __enter__(self) -> ComputeEmulator:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
-    # -- addresses -------------------------------------------------------------------------
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
+    # -- addresses (`url` is EmulatorService's) --------------------------------------------
     @property
     def base_url(self) -> str:
         """`http://127.0.0.1:PORT/compute/v1/`; clients append `projects/...`."""
@@ -123,7 +84,7 @@ class ComputeEmulator:
     @backend.setter
     def backend(self, backend: InstanceBackend | None) -> None:
         self.api.backend = backend
-        if self._thread is not None:
+        if self._server.serving:
             self.api.sync_firewalls()
 
     @property

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..emulator_http import HttpError
+
 STATUS_NAMES = {
     400: "INVALID_ARGUMENT",
     401: "UNAUTHENTICATED",
@@ -44,7 +46,7 @@ DEFAULT_MESSAGES = {
 }
 
 
-class ApiError(Exception):
+class ApiError(HttpError):
     """An error answer of the Compute API: HTTP status plus Google's JSON error body."""
 
     def __init__(

@@ -15,7 +15,7 @@ import contextlib
 import fnmatch
 import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .errors import invalid_field
@@ -77,9 +77,7 @@ class _Parser:
         while self._peek_word() == "OR":
             self.pos += 2
             parts.append(self._and())
-        if len(parts) == 1:
-            return parts[0]
-        return lambda r: any(p(r) for p in parts)
+        return _joined(parts, any)
 
     def _and(self) -> Predicate:
         parts = [self._unary()]
@@ -87,9 +85,7 @@ class _Parser:
             if self._peek_word() == "AND":
                 self.pos += 3
             parts.append(self._unary())
-        if len(parts) == 1:
-            return parts[0]
-        return lambda r: all(p(r) for p in parts)
+        return _joined(parts, all)
 
     def _unary(self) -> Predicate:
         self._skip()
@@ -161,6 +157,13 @@ class _Parser:
 
 # ---------------------------------------------------------------------------------------------
 # Evaluation
+
+
+def _joined(parts: list[Predicate], combine: Callable[[Iterable[bool]], bool]) -> Predicate:
+    """`parts` joined by OR (`combine`: any) or AND (all); one part is itself."""
+    if len(parts) == 1:
+        return parts[0]
+    return lambda r: combine(p(r) for p in parts)
 
 
 def _lookup(resource: Any, path: list[str]) -> list[Any]:

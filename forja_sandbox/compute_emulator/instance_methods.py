@@ -7,8 +7,11 @@ Operations on one instance run one after the other, like Google's per-resource q
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
 import json
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import catalog
@@ -16,7 +19,7 @@ from .errors import ApiError, already_exists, not_found, required_field
 from .filters import compile_filter
 from .instances import build_instance, check_labels, check_metadata, check_tags, fingerprint, now
 from .listing import ordered, page_bounds
-from .operations import ApiBase, Call, OperationFailed
+from .operations import ApiBase, Call, InstanceBackend, OperationFailed
 from .schema import methods
 from .state import InstanceRecord
 
@@ -39,6 +42,42 @@ class InstanceMethods(ApiBase):
             self.store.touch(record)
             self.store.mark_dirty()
             self.store.changed.notify_all()
+
+    def _operate(self, call: Call, op_type: str) -> tuple[InstanceRecord, Json]:
+        """The instance the call names, and a new zonal operation of `op_type` on it."""
+        record = self._record(call)
+        return record, self._instance_operation(call, op_type, record)
+
+    def _instance_operation(self, call: Call, op_type: str, record: InstanceRecord) -> Json:
+        """A new zonal operation of `op_type` whose target is the instance."""
+        data = record.data
+        return self._new_operation(call, f"zones/{call.zone}", op_type, data["selfLink"], data["id"])
+
+    def _boot(
+        self,
+        call: Call,
+        record: InstanceRecord,
+        boot: Callable[[InstanceBackend, Json], str | None],
+        undo: Callable[[], None],
+    ) -> None:
+        """What insert and start share: STAGING, the backend's `boot` (it returns the VM's address, or
+        None), RUNNING with the addresses. An injected error, or a boot that raises, runs `undo` and
+        fails the operation."""
+        self._set_status(record, "STAGING")
+        error = call.fault("error")
+        if error is not None:
+            undo()
+            raise self._fail_from_fault(error, call)
+        address = None
+        if self.backend is not None:
+            try:
+                address = boot(self.backend, self._snapshot(record))
+            except Exception:
+                undo()
+                raise
+        self._sleep()
+        self._assign_ips(record, address)
+        self._set_status(record, "RUNNING", lastStartTimestamp=now())
 
     def _snapshot(self, record: InstanceRecord) -> Json:
         with self.store.lock:
@@ -148,26 +187,18 @@ class InstanceMethods(ApiBase):
             record = InstanceRecord(call.project, call.zone, instance)
             self.store.put_instance(record)
         op = self._new_operation(call, f"zones/{call.zone}", "insert", instance["selfLink"], instance["id"])
-        error = call.fault("error")
+
+        def create(backend: InstanceBackend, instance: Json) -> str | None:
+            try:
+                return backend.create(instance)
+            except Exception as exc:
+                raise OperationFailed(
+                    "INTERNAL_ERROR", f"The sandbox backend could not create it: {exc}", 500
+                ) from exc
 
         def work() -> None:
             self._sleep()
-            self._set_status(record, "STAGING")
-            if error is not None:
-                self.store.remove_instance(record)
-                raise self._fail_from_fault(error, call)
-            address = None
-            if self.backend is not None:
-                try:
-                    address = self.backend.create(self._snapshot(record))
-                except Exception as exc:
-                    self.store.remove_instance(record)
-                    raise OperationFailed(
-                        "INTERNAL_ERROR", f"The sandbox backend could not create it: {exc}", 500
-                    ) from exc
-            self._sleep()
-            self._assign_ips(record, address)
-            self._set_status(record, "RUNNING", lastStartTimestamp=now())
+            self._boot(call, record, create, undo=lambda: self.store.remove_instance(record))
 
         # The instance's address changes: rules whose sources are tags follow it.
         return self._launch(call, op, self._then_sync_firewalls(call.project, work), record)
@@ -180,18 +211,11 @@ class InstanceMethods(ApiBase):
                 "Invalid resource usage: 'Resource cannot be deleted if it's protected against deletion.'.",
                 "resourceInUseByAnotherResource",
             )
-        op = self._new_operation(
-            call, f"zones/{call.zone}", "delete", record.data["selfLink"], record.data["id"]
-        )
-        error = call.fault("error")
+        op = self._instance_operation(call, "delete", record)
 
         def work() -> None:
-            if self.store.instance(call.project, call.zone, record.name) is not record:
-                raise OperationFailed(
-                    "RESOURCE_NOT_FOUND", f"The resource '{record.data['selfLink']}' was not found", 404
-                )
-            if error is not None:
-                raise self._fail_from_fault(error, call)
+            self._require_present(call, record)
+            self._raise_injected(call)
             self._set_status(record, "STOPPING")
             if self.backend is not None:
                 self.backend.delete(self._snapshot(record))
@@ -204,47 +228,30 @@ class InstanceMethods(ApiBase):
         return self._launch(call, op, self._then_sync_firewalls(call.project, work), record)
 
     def instances_start(self, call: Call) -> Json:
-        record = self._record(call)
-        op = self._new_operation(
-            call, f"zones/{call.zone}", "start", record.data["selfLink"], record.data["id"]
-        )
-        error = call.fault("error")
+        record, op = self._operate(call, "start")
 
         def work() -> None:
             self._require_present(call, record)
             if record.data["status"] == "RUNNING":
                 return
-            self._set_status(record, "STAGING")
-            if error is not None:
-                self._set_status(record, "TERMINATED")
-                raise self._fail_from_fault(error, call)
-            address = None
-            if self.backend is not None:
-                try:
-                    address = self.backend.start(self._snapshot(record))
-                except Exception:
-                    self._set_status(record, "TERMINATED")
-                    raise
-            self._sleep()
-            self._assign_ips(record, address)
-            self._set_status(record, "RUNNING", lastStartTimestamp=now())
+            self._boot(
+                call,
+                record,
+                lambda backend, instance: backend.start(instance),
+                undo=lambda: self._set_status(record, "TERMINATED"),
+            )
 
         # The instance's address changes: rules whose sources are tags follow it.
         return self._launch(call, op, self._then_sync_firewalls(call.project, work), record)
 
     def instances_stop(self, call: Call) -> Json:
-        record = self._record(call)
-        op = self._new_operation(
-            call, f"zones/{call.zone}", "stop", record.data["selfLink"], record.data["id"]
-        )
-        error = call.fault("error")
+        record, op = self._operate(call, "stop")
 
         def work() -> None:
             self._require_present(call, record)
             if record.data["status"] in ("TERMINATED", "STOPPED"):
                 return
-            if error is not None:
-                raise self._fail_from_fault(error, call)
+            self._raise_injected(call)
             self._set_status(record, "STOPPING")
             if self.backend is not None:
                 try:
@@ -298,10 +305,7 @@ class InstanceMethods(ApiBase):
         A standard VM with a GPU cannot live-migrate (onHostMaintenance TERMINATE): it stops and,
         with automaticRestart (the default), starts again. A VM that can migrate keeps running.
         """
-        record = self._record(call)
-        op = self._new_operation(
-            call, f"zones/{call.zone}", "simulateMaintenanceEvent", record.data["selfLink"], record.data["id"]
-        )
+        record, op = self._operate(call, "simulateMaintenanceEvent")
 
         def work() -> None:
             self._require_present(call, record)
@@ -352,75 +356,59 @@ class InstanceMethods(ApiBase):
             )
 
     def instances_set_labels(self, call: Call) -> Json:
-        record = self._record(call)
-        body = call.body or {}
-        if "labelFingerprint" not in body:
-            raise required_field("resource.labelFingerprint")
+        record, body = self._fingerprinted(call, "labelFingerprint")
         labels = body.get("labels") or {}
         check_labels("resource.labels", labels)
-        with self.store.lock:
-            if body["labelFingerprint"] != record.data.get("labelFingerprint"):
-                raise ApiError(
-                    412,
-                    "Labels fingerprint either invalid or resource labels have changed",
-                    "conditionNotMet",
-                )
+        stale = "Labels fingerprint either invalid or resource labels have changed"
+        with self._replacing(record, body["labelFingerprint"], stale, "labelFingerprint") as data:
             if labels:
-                record.data["labels"] = dict(labels)
+                data["labels"] = dict(labels)
             else:
-                record.data.pop("labels", None)
-            record.data["labelFingerprint"] = fingerprint(labels)
-            self.store.touch(record)
-            self.store.mark_dirty()
-        op = self._new_operation(
-            call, f"zones/{call.zone}", "setLabels", record.data["selfLink"], record.data["id"]
-        )
+                data.pop("labels", None)
+            data["labelFingerprint"] = fingerprint(labels)
+        op = self._instance_operation(call, "setLabels", record)
         return self._launch(call, op, self._maybe_fail(call), record)
 
     def instances_set_metadata(self, call: Call) -> Json:
-        record = self._record(call)
-        body = call.body or {}
-        if "fingerprint" not in body:
-            raise required_field("resource.fingerprint")
+        record, body = self._fingerprinted(call, "fingerprint")
         items = check_metadata("resource", body)
-        with self.store.lock:
-            if body["fingerprint"] != record.data["metadata"].get("fingerprint"):
-                raise ApiError(
-                    412,
-                    "Supplied fingerprint does not match current metadata fingerprint.",
-                    "conditionNotMet",
-                )
-            metadata: Json = {"kind": "compute#metadata", "fingerprint": fingerprint(items)}
+        stale = "Supplied fingerprint does not match current metadata fingerprint."
+        with self._replacing(record, body["fingerprint"], stale, "metadata", "fingerprint") as data:
+            data["metadata"] = {"kind": "compute#metadata", "fingerprint": fingerprint(items)}
             if items:
-                metadata["items"] = items
-            record.data["metadata"] = metadata
-            self.store.touch(record)
-            self.store.mark_dirty()
-        op = self._new_operation(
-            call, f"zones/{call.zone}", "setMetadata", record.data["selfLink"], record.data["id"]
-        )
+                data["metadata"]["items"] = items
+        op = self._instance_operation(call, "setMetadata", record)
         return self._launch(call, op, self._maybe_fail(call), record)
 
     def instances_set_tags(self, call: Call) -> Json:
-        record = self._record(call)
-        body = call.body or {}
-        if "fingerprint" not in body:
-            raise required_field("resource.fingerprint")
+        record, body = self._fingerprinted(call, "fingerprint")
         items = list(body.get("items") or [])
         check_tags("resource.items", items)
-        with self.store.lock:
-            if body["fingerprint"] != record.data.get("tags", {}).get("fingerprint"):
-                raise ApiError(
-                    412, "Supplied fingerprint does not match current tags fingerprint.", "conditionNotMet"
-                )
-            record.data["tags"] = (
-                {"items": items, "fingerprint": fingerprint(items)}
-                if items
-                else {"fingerprint": fingerprint(items)}
-            )
-            self.store.touch(record)
-        op = self._new_operation(
-            call, f"zones/{call.zone}", "setTags", record.data["selfLink"], record.data["id"]
-        )
+        stale = "Supplied fingerprint does not match current tags fingerprint."
+        with self._replacing(record, body["fingerprint"], stale, "tags", "fingerprint") as data:
+            data["tags"] = {"items": items} if items else {}
+            data["tags"]["fingerprint"] = fingerprint(items)
+        op = self._instance_operation(call, "setTags", record)
         # Tags choose which firewall rules apply to the instance (targetTags).
         return self._launch(call, op, self._then_sync_firewalls(call.project, self._maybe_fail(call)), record)
+
+    def _fingerprinted(self, call: Call, key: str) -> tuple[InstanceRecord, Json]:
+        """The instance a fingerprinted update (setLabels, setMetadata, setTags) names, and the update's
+        body, which must carry `key`: the fingerprint of what it replaces."""
+        record = self._record(call)
+        body = call.body or {}
+        if key not in body:
+            raise required_field(f"resource.{key}")
+        return record, body
+
+    @contextlib.contextmanager
+    def _replacing(self, record: InstanceRecord, given: Any, stale: str, *path: str) -> Iterator[Json]:
+        """Under the lock: unless `given` is still the fingerprint at `path` in the instance's data, 412
+        conditionNotMet in the method's words (`stale`); else the block changes the data, then the
+        instance is touched."""
+        with self.store.lock:
+            current = functools.reduce(lambda node, key: (node or {}).get(key), path, record.data)
+            if given != current:
+                raise ApiError(412, stale, "conditionNotMet")
+            yield record.data
+            self.store.touch(record)

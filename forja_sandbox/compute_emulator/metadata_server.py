@@ -28,13 +28,12 @@ import hashlib
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from ..emulator_http import EmulatorServer, EmulatorService, VerbHandler
 from . import catalog, oslogin
 from .guest_attributes import GuestAttributeError, GuestAttributeMethods
-from .server import LISTEN_BACKLOG
 from .state import InstanceRecord
 
 ROOT = "/computeMetadata/v1/"
@@ -48,49 +47,34 @@ MAX_WAIT_S = 600.0
 WAIT_STEP_S = 0.25
 
 
-class _MetadataHTTPServer(ThreadingHTTPServer):
+class _MetadataHTTPServer(EmulatorServer):
     """Every VM's agents poll here: the same deep accept queue as the API (not Python's 5)."""
 
-    daemon_threads = True
-    request_queue_size = LISTEN_BACKLOG
+    thread_name = "metadata-server"
+
+    def __init__(self, address: tuple[str, int], api: GuestAttributeMethods) -> None:
+        self.metadata_api = api
+        #: Set on stop: long polls answer at once.
+        self.stopping = threading.Event()
+        super().__init__(address, _Handler)
 
 
-class MetadataServer:
+class MetadataServer(EmulatorService):
     """A threaded HTTP server for the metadata and guest-attributes endpoints of every instance."""
 
     def __init__(self, api: GuestAttributeMethods, host: str = "127.0.0.1", port: int = 0) -> None:
         self.api = api
-        self._server = _MetadataHTTPServer((host, port), _Handler)
-        self._server.metadata_api = api  # type: ignore[attr-defined]
-        self._server.stopping = threading.Event()  # type: ignore[attr-defined]
+        self._server: _MetadataHTTPServer = _MetadataHTTPServer((host, port), api)
         self.host, self.port = str(self._server.server_address[0]), int(self._server.server_address[1])
-        self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
         """What a VM uses instead of http://metadata.google.internal/computeMetadata/v1."""
-        return f"http://{self.host}:{self.port}/computeMetadata/v1"
-
-    def start(self) -> MetadataServer:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._server.serve_forever, name="metadata-server",
-                                            kwargs={"poll_interval": 0.5}, daemon=True)
-            self._thread.start()
-        return self
+        return f"{super().url}/computeMetadata/v1"
 
     def stop(self) -> None:
-        self._server.stopping.set()  # type: ignore[attr-defined]  # long polls answer at once
-        if self._thread is not None:
-            self._server.shutdown()
-            self._thread.join(timeout=5)
-            self._thread = None
-        self._server.server_close()
-
-    def __enter__(self) -> MetadataServer:
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
+        self._server.stopping.set()  # long polls answer at once
+        super().stop()
 
 
 def _items(metadata: dict[str, Any] | None) -> dict[str, str]:
@@ -169,35 +153,17 @@ def etag(body: str) -> str:
     return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(VerbHandler):
     server_version = "Metadata Server for VM"
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: Any) -> None:
-        return  # request lines and bodies may carry metadata values: never logged
-
-    def do_GET(self) -> None:
-        self._handle("GET")
-
-    def do_PUT(self) -> None:
-        self._handle("PUT")
-
-    def do_DELETE(self) -> None:
-        self._handle("DELETE")
+    server: _MetadataHTTPServer
+    verbs = frozenset({"GET", "PUT", "DELETE"})
 
     def _reply(self, status: int, text: str, content_type: str = "application/text",
                tag: str | None = None) -> None:
-        body = text.encode()
-        self.send_response(status)
-        self.send_header("Metadata-Flavor", "Google")
-        self.send_header("Content-Type", content_type)
-        if tag is not None:
-            self.send_header("ETag", tag)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        headers = {"Metadata-Flavor": "Google"} | ({"ETag": tag} if tag is not None else {})
+        self.send_body(status, text.encode(), content_type, headers)
 
-    def _handle(self, method: str) -> None:
+    def answer(self, method: str) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         if self.headers.get("Metadata-Flavor") != "Google":
@@ -206,7 +172,7 @@ class _Handler(BaseHTTPRequestHandler):
         if self.headers.get("X-Forwarded-For"):  # GCE refuses proxied requests the same way
             self._reply(403, "Request had an X-Forwarded-For header and was refused.")
             return
-        api: GuestAttributeMethods = self.server.metadata_api  # type: ignore[attr-defined]
+        api = self.server.metadata_api
         record = api.instance_at(self.client_address[0])
         if record is None:
             self._reply(403, f"{self.client_address[0]} is not a running instance of this cloud.")
@@ -257,8 +223,7 @@ class _Handler(BaseHTTPRequestHandler):
             # A different last_etag answers at once; an equal one waits for a change or the timeout.
             while etag(text) == seen and time.monotonic() < deadline:
                 time.sleep(min(WAIT_STEP_S, max(0.0, deadline - time.monotonic())))
-                stopping = self.server.stopping.is_set()  # type: ignore[attr-defined]
-                if stopping or api.instance_at(self.client_address[0]) is not record:
+                if self.server.stopping.is_set() or api.instance_at(self.client_address[0]) is not record:
                     self._reply(503, "The metadata server or the instance stopped while waiting.")
                     return
                 found, text, kind = current()

@@ -242,13 +242,16 @@ class ApiBase:
         first = error["errors"][0]  # type: ignore[index]
         return OperationFailed(first["code"], first["message"], status)
 
-    def _maybe_fail(self, call: Call) -> Callable[[], None]:
+    def _raise_injected(self, call: Call) -> None:
+        """Fail the operation as the call's injected `error=` fault says, if it has one."""
         error = call.fault("error")
+        if error is not None:
+            raise self._fail_from_fault(error, call)
 
+    def _maybe_fail(self, call: Call) -> Callable[[], None]:
         def work() -> None:
             self._sleep()
-            if error is not None:
-                raise self._fail_from_fault(error, call)
+            self._raise_injected(call)
 
         return work
 

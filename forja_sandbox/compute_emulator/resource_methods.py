@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from . import catalog
 from .errors import already_exists, invalid_field, not_found
@@ -12,6 +14,29 @@ from .listing import list_response
 from .operations import ApiBase, Call
 
 Json = dict[str, Any]
+_T = TypeVar("_T", catalog.MachineType, catalog.AcceleratorType)
+
+
+@dataclass(frozen=True)
+class _ZonalTypes(Generic[_T]):
+    """A zonal collection of the catalog's types: its path, parameter and list kind, which types a zone
+    offers, and a type's resource (base URL, project, zone, type)."""
+
+    collection: str
+    parameter: str
+    list_kind: str
+    offered: Callable[[str], list[_T]]
+    resource: Callable[[str, str, str, _T], Json]
+
+
+_MACHINE_TYPES = _ZonalTypes(
+    "machineTypes", "machineType", "compute#machineTypeList", catalog.machine_types_in,
+    catalog.machine_type_resource,
+)  # fmt: skip
+_ACCELERATOR_TYPES = _ZonalTypes(
+    "acceleratorTypes", "acceleratorType", "compute#acceleratorTypeList", catalog.accelerators_in,
+    catalog.accelerator_type_resource,
+)  # fmt: skip
 
 
 class ResourceMethods(ApiBase):
@@ -23,6 +48,11 @@ class ResourceMethods(ApiBase):
             raise not_found(f"projects/{call.project}/global/firewalls/{call.params['firewall']}")
         return firewall
 
+    def _firewall_operation(self, call: Call, op_type: str, firewall: Json) -> Json:
+        """The global operation of `op_type` on `firewall`; when it ends, the hosts get the stored rules."""
+        op = self._new_operation(call, "global", op_type, firewall["selfLink"], firewall["id"])
+        return self._launch(call, op, self._then_sync_firewalls(call.project, self._maybe_fail(call)))
+
     def firewalls_insert(self, call: Call) -> Json:
         firewall = build_firewall(call.body or {}, call.project, self.base, self.store.next_id())
         with self.store.lock:
@@ -30,8 +60,7 @@ class ResourceMethods(ApiBase):
                 raise already_exists(f"projects/{call.project}/global/firewalls/{firewall['name']}")
             self.store.firewalls[call.project][firewall["name"]] = firewall
             self.store.mark_dirty()
-        op = self._new_operation(call, "global", "insert", firewall["selfLink"], firewall["id"])
-        return self._launch(call, op, self._then_sync_firewalls(call.project, self._maybe_fail(call)))
+        return self._firewall_operation(call, "insert", firewall)
 
     def firewalls_get(self, call: Call) -> Json:
         with self.store.lock:
@@ -53,16 +82,14 @@ class ResourceMethods(ApiBase):
             patched = build_firewall(body, call.project, self.base, self.store.next_id(), current)
             self.store.firewalls[call.project][current["name"]] = patched
             self.store.mark_dirty()
-        op = self._new_operation(call, "global", "patch", patched["selfLink"], patched["id"])
-        return self._launch(call, op, self._then_sync_firewalls(call.project, self._maybe_fail(call)))
+        return self._firewall_operation(call, "patch", patched)
 
     def firewalls_delete(self, call: Call) -> Json:
         with self.store.lock:
             firewall = self._firewall(call)
             del self.store.firewalls[call.project][firewall["name"]]
             self.store.mark_dirty()
-        op = self._new_operation(call, "global", "delete", firewall["selfLink"], firewall["id"])
-        return self._launch(call, op, self._then_sync_firewalls(call.project, self._maybe_fail(call)))
+        return self._firewall_operation(call, "delete", firewall)
 
     def zones_get(self, call: Call) -> Json:
         return catalog.zone_resource(self.base, call.project, call.zone)
@@ -74,41 +101,29 @@ class ResourceMethods(ApiBase):
         )
 
     def machine_types_get(self, call: Call) -> Json:
-        machine = catalog.MACHINE_TYPES.get(call.params["machineType"])
-        if machine is None or machine not in catalog.machine_types_in(call.zone):
-            raise not_found(
-                f"projects/{call.project}/zones/{call.zone}/machineTypes/{call.params['machineType']}"
-            )
-        return catalog.machine_type_resource(self.base, call.project, call.zone, machine)
+        return self._zonal_get(call, _MACHINE_TYPES)
 
     def machine_types_list(self, call: Call) -> Json:
-        items = [
-            catalog.machine_type_resource(self.base, call.project, call.zone, m)
-            for m in sorted(catalog.machine_types_in(call.zone), key=lambda m: m.name)
-        ]
-        return list_response(
-            self.base,
-            call.query,
-            "compute#machineTypeList",
-            f"projects/{call.project}/zones/{call.zone}/machineTypes",
-            items,
-        )
+        return self._zonal_list(call, _MACHINE_TYPES)
 
     def accelerator_types_get(self, call: Call) -> Json:
-        accel = catalog.ACCELERATOR_TYPES.get(call.params["acceleratorType"])
-        if accel is None or call.zone not in accel.zones:
-            raise not_found(
-                f"projects/{call.project}/zones/{call.zone}/acceleratorTypes/{call.params['acceleratorType']}"
-            )
-        return catalog.accelerator_type_resource(self.base, call.project, call.zone, accel)
+        return self._zonal_get(call, _ACCELERATOR_TYPES)
 
     def accelerator_types_list(self, call: Call) -> Json:
-        items = [
-            catalog.accelerator_type_resource(self.base, call.project, call.zone, a)
-            for a in sorted(catalog.accelerators_in(call.zone), key=lambda a: a.name)
-        ]
-        list_id = f"projects/{call.project}/zones/{call.zone}/acceleratorTypes"
-        return list_response(self.base, call.query, "compute#acceleratorTypeList", list_id, items)
+        return self._zonal_list(call, _ACCELERATOR_TYPES)
+
+    def _zonal_get(self, call: Call, types: _ZonalTypes[_T]) -> Json:
+        name = call.params[types.parameter]
+        found = next((t for t in types.offered(call.zone) if t.name == name), None)
+        if found is None:
+            raise not_found(f"projects/{call.project}/zones/{call.zone}/{types.collection}/{name}")
+        return types.resource(self.base, call.project, call.zone, found)
+
+    def _zonal_list(self, call: Call, types: _ZonalTypes[_T]) -> Json:
+        offered = sorted(types.offered(call.zone), key=lambda t: t.name)
+        items = [types.resource(self.base, call.project, call.zone, t) for t in offered]
+        list_id = f"projects/{call.project}/zones/{call.zone}/{types.collection}"
+        return list_response(self.base, call.query, types.list_kind, list_id, items)
 
     def images_get(self, call: Call) -> Json:
         image = catalog.find_image(call.project, call.params["image"])

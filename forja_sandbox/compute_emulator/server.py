@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import functools
 import json
-import socketserver
-import sys
 import threading
-import traceback
 from collections import deque
-from http.server import ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import SplitResult, parse_qs, unquote
 
-from ..http_limits import BeyondLimits, BodyRefused, BoundedRequests, parse_json
+from ..emulator_http import LISTEN_BACKLOG, EmulatorServer, JsonHandler
+from ..http_limits import BeyondLimits, BodyRefused, parse_json
 from . import oslogin, schema
 from .api import Call
 from .auth import COMPUTE_AUDIENCE, BearerRefused, TokenError
@@ -75,17 +72,10 @@ def router() -> Router:
     return Router()
 
 
-# The listen backlog: connections the kernel queues before the accept loop takes them. Python's
-# default (5) made clients that open a connection per call (google.cloud's gcp_compute does) wait
-# for a SYN retry (1 s, then 3 s) as soon as 8 came at once; bench/emulator_bench.py measures it.
-LISTEN_BACKLOG = 1024
+class EmulatorHTTPServer(EmulatorServer):
+    """The Compute emulator's server: its handler, the emulator it serves and the routing table."""
 
-
-class EmulatorHTTPServer(ThreadingHTTPServer):
-    """One thread per connection (HTTP/1.1 keep-alive), a deep accept queue, no DNS on bind."""
-
-    daemon_threads = True
-    allow_reuse_address = True
+    thread_name = "compute-emulator"
 
     def __init__(
         self, address: tuple[str, int], emulator: ComputeEmulator, listen_backlog: int = LISTEN_BACKLOG
@@ -94,13 +84,6 @@ class EmulatorHTTPServer(ThreadingHTTPServer):
         self.router = router()
         self.request_queue_size = listen_backlog  # read by server_activate() inside __init__
         super().__init__(address, _Handler)
-
-    def server_bind(self) -> None:
-        """Bind without HTTPServer's reverse DNS lookup of the address (no resolver needed)."""
-        socketserver.TCPServer.server_bind(self)
-        host, port = self.server_address[:2]
-        self.server_name = str(host)
-        self.server_port = int(port)
 
 
 class RequestLog:
@@ -129,61 +112,26 @@ class RequestLog:
             }
 
 
-class _Handler(BoundedRequests):
-    protocol_version = "HTTP/1.1"
+class _Handler(JsonHandler):
     server_version = "forja-compute-emulator/1"
-    # Headers and body go out in two writes; with Nagle on, the body waited for the client's
-    # delayed ACK, so every call on a keep-alive connection took 40+ ms (bench/emulator_bench.py).
-    disable_nagle_algorithm = True
     server: EmulatorHTTPServer
 
-    def log_message(self, format: str, *args: Any) -> None:
-        """Quiet: the request log lives in `emulator.requests`, not on stderr."""
+    def route(self, verb: str, url: SplitResult, body: bytes) -> tuple[int, Any]:
+        if url.path == TOKEN_PATH and verb == "POST":
+            return self._token(body)
+        if url.path == FAULTS_PATH and verb in ("POST", "DELETE"):
+            return self._faults(verb, body)
+        if url.path.startswith(API_PREFIX):
+            return self._api(verb, url.path[len(API_PREFIX) :], url.query, body)
+        if url.path.startswith(oslogin.PREFIX):
+            return self._oslogin(verb, url.path[len(oslogin.PREFIX) :], url.query, body)
+        raise ApiError(404, f"The requested URL {url.path} was not found on this server.", "notFound")
 
-    def do_GET(self) -> None:
-        self._handle("GET")
+    def refused(self, refused: BodyRefused) -> ApiError:
+        return ApiError(refused.status, refused.message, "badRequest")
 
-    def do_POST(self) -> None:
-        self._handle("POST")
-
-    def do_DELETE(self) -> None:
-        self._handle("DELETE")
-
-    def do_PATCH(self) -> None:
-        self._handle("PATCH")
-
-    def do_PUT(self) -> None:
-        self._handle("PUT")
-
-    # ------------------------------------------------------------------------------------------
-    def _handle(self, http_method: str) -> None:
-        url = urlsplit(self.path)
-        headers: dict[str, str] = {}
-        try:
-            try:
-                raw = self.read_body()
-            except BodyRefused as refused:
-                raise ApiError(refused.status, refused.message, "badRequest") from None
-            if url.path == TOKEN_PATH and http_method == "POST":
-                status, payload = self._token(raw)
-            elif url.path == FAULTS_PATH and http_method in ("POST", "DELETE"):
-                status, payload = self._faults(http_method, raw)
-            elif url.path.startswith(API_PREFIX):
-                status, payload = self._api(http_method, url.path[len(API_PREFIX) :], url.query, raw)
-            elif url.path.startswith(oslogin.PREFIX):
-                status, payload = self._oslogin(http_method, url.path[len(oslogin.PREFIX) :], url.query, raw)
-            else:
-                raise ApiError(404, f"The requested URL {url.path} was not found on this server.", "notFound")
-        except ApiError as exc:
-            status, payload, headers = exc.code, exc.body(), exc.headers
-        except Exception as exc:  # an emulator bug must still answer, and say what broke
-            traceback.print_exc(file=sys.stderr)
-            status, payload = 500, ApiError(500, f"Emulator error: {type(exc).__name__}: {exc}").body()
-        try:
-            self._send(status, payload, headers)
-        except (BrokenPipeError, ConnectionResetError):
-            # The client gave up first (e.g. its timeout on operations.wait): nobody to answer.
-            self.close_connection = True
+    def internal(self, exc: Exception) -> ApiError:
+        return ApiError(500, f"Emulator error: {type(exc).__name__}: {exc}")
 
     def _faults(self, http_method: str, raw: bytes) -> tuple[int, dict[str, Any]]:
         """Add one fault rule (the body: `Faults.add`'s keywords), or clear them all."""
@@ -303,13 +251,3 @@ class _Handler(BoundedRequests):
                     )
                 },
             ) from None
-
-    def _send(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
-        data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json; charset=UTF-8")
-        self.send_header("Content-Length", str(len(data)))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(data)

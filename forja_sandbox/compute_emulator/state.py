@@ -10,13 +10,13 @@ a few times a second, atomically, so a restarted emulator keeps its instances.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..files import write_atomically
 from . import catalog
 from .auth import KeyRing
 
@@ -211,12 +211,7 @@ class Store:
                 "resource_policies": self.resource_policies,
             }
             encoded = json.dumps(data, separators=(",", ":"))
-        tmp = self.state_file.with_name(f".{self.state_file.name}.{os.getpid()}.tmp")
-        self.state_file.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(encoded)
-        os.replace(tmp, self.state_file)
+        write_atomically(self.state_file, encoded, mode=0o600)
 
     def _load(self) -> None:
         assert self.state_file is not None

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import threading
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING
 
+from ..emulator_http import EmulatorService
 from .cloud_logging import LogStore
 from .jobs import Job, JobStore
 from .server import VertexHTTPServer
@@ -22,13 +21,14 @@ if TYPE_CHECKING:
     from forja_sandbox.testhosts import Host
 
 
-class VertexEmulator:
+class VertexEmulator(EmulatorService):
     """A local Vertex AI API (CustomJob create/get/list/cancel) on a real loopback HTTP port, with
     Cloud Logging's ``entries:list`` for the replicas' output on the same port.
 
     ``work_dir`` holds each job's replica logs (``jobs/<id>/workerpool<p>-<i>.log``) and installed
     packages; None: a temporary folder, removed on stop. ``hosts``: test hosts (booted, e.g. by
     ``testhosts.up(N, image="dlvm")``) the replicas run on, round robin; none: local processes.
+    ``url`` is the value for the client's ``api_endpoint``, Vertex's and Logging's.
     """
 
     def __init__(
@@ -46,41 +46,14 @@ class VertexEmulator:
         self._server = VertexHTTPServer((host, port), self)
         self.host = host
         self.port = int(self._server.server_address[1])
-        self._thread: threading.Thread | None = None
-
-    @property
-    def url(self) -> str:
-        """The value for the client's ``api_endpoint`` (scheme, host, port), Vertex's and Logging's."""
-        return f"http://{self.host}:{self.port}"
-
-    def start(self) -> VertexEmulator:
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._server.serve_forever, name="vertex-emulator", kwargs={"poll_interval": 0.1},
-                daemon=True,
-            )  # fmt: skip
-            self._thread.start()
-        return self
 
     def stop(self) -> None:
         """Cancel what runs, stop serving, release the port (and the temporary folder)."""
         self.store.stop_all()
-        if self._thread is not None:
-            self._server.shutdown()
-            self._thread.join(timeout=5)
-            self._thread = None
-        self._server.server_close()
+        super().stop()
         if self._own_dir:
             shutil.rmtree(self.work_dir, ignore_errors=True)
 
     def job(self, name: str) -> Job:
         """The emulator's record of a job (its replicas' processes and logs), for tests."""
         return self.store.job(name)
-
-    def __enter__(self) -> VertexEmulator:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..emulator_http import HttpError
+
 #: HTTP status -> the google.rpc.Code name Google sends with it.
 STATUS_NAMES = {
     400: "INVALID_ARGUMENT",
@@ -22,7 +24,7 @@ STATUS_NAMES = {
 BAD_REQUEST_TYPE = "type.googleapis.com/google.rpc.BadRequest"
 
 
-class VertexError(Exception):
+class VertexError(HttpError):
     """One error answer: HTTP code, google.rpc status name, message and field violations."""
 
     def __init__(

@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import json
 import re
-import socketserver
-import traceback
-from http.server import ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import SplitResult, parse_qs, unquote
 
 from google.cloud.aiplatform_v1.types import CustomJob
 from google.cloud.logging_v2.types import ListLogEntriesRequest
 from google.protobuf import json_format
 
-from ..http_limits import BodyRefused, BoundedRequests, parse_json
+from ..emulator_http import EmulatorServer, JsonHandler
+from ..http_limits import BodyRefused, parse_json
 from . import catalog, validation
 from .errors import VertexError
 
@@ -43,64 +41,31 @@ LIST_PARAMETERS = frozenset({"filter", "pageSize", "pageToken", "readMask"})
 LOG_ENTRIES_LIST = "/v2/entries:list"
 
 
-class VertexHTTPServer(ThreadingHTTPServer):
-    """One thread per connection; binds without a reverse DNS lookup."""
+class VertexHTTPServer(EmulatorServer):
+    """The Vertex emulator's server: its handler and the emulator it serves."""
 
-    daemon_threads = True
-    allow_reuse_address = True
+    thread_name = "vertex-emulator"
+    poll_interval = 0.1
 
     def __init__(self, address: tuple[str, int], emulator: VertexEmulator) -> None:
         self.emulator = emulator
         super().__init__(address, _Handler)
 
-    def server_bind(self) -> None:
-        socketserver.TCPServer.server_bind(self)
-        host, port = self.server_address[:2]
-        self.server_name = str(host)
-        self.server_port = int(port)
 
-
-class _Handler(BoundedRequests):
+class _Handler(JsonHandler):
     server: VertexHTTPServer
-    protocol_version = "HTTP/1.1"
+    verbs = frozenset({"GET", "POST", "PATCH", "DELETE"})
+    json_indent = 1
 
-    def log_message(self, format: str, *args: Any) -> None:
-        return
+    def refused(self, refused: BodyRefused) -> VertexError:
+        return VertexError(refused.status, refused.message)
 
-    def do_GET(self) -> None:
-        self._answer("GET")
+    def internal(self, exc: Exception) -> VertexError:
+        return VertexError(500, "Internal error encountered.")
 
-    def do_POST(self) -> None:
-        self._answer("POST")
-
-    def do_DELETE(self) -> None:
-        self._answer("DELETE")
-
-    def do_PATCH(self) -> None:
-        self._answer("PATCH")
-
-    def _answer(self, verb: str) -> None:
-        url = urlsplit(self.path)
+    def route(self, verb: str, url: SplitResult, body: bytes) -> tuple[int, Any]:
+        path = unquote(url.path)
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-        try:
-            try:
-                body = self.read_body()
-            except BodyRefused as refused:
-                raise VertexError(refused.status, refused.message) from None
-            code, payload = self._route(verb, unquote(url.path), query, body)
-        except VertexError as exc:
-            code, payload = exc.code, exc.body()
-        except Exception:  # an emulator bug: answer 500 in Google's shape and keep serving
-            traceback.print_exc()
-            code, payload = 500, VertexError(500, "Internal error encountered.").body()
-        data = json.dumps(payload, indent=1).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json; charset=UTF-8")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _route(self, verb: str, path: str, query: dict[str, str], body: bytes) -> tuple[int, Any]:
         ints = "enum-encoding=int" in query.get("$alt", "")
         store = self.server.emulator.store
         if path == LOG_ENTRIES_LIST:

@@ -26,6 +26,8 @@ import requests
 import yaml
 from jupyter_helpers import ROLE, LocalServer, free_port, render_config
 
+from forja_sandbox.serving import end_process
+
 
 def fixed_extension(into: Path) -> Path:
     """Copy jupyter_http_over_ws into ``into`` with the role's Cookie fix, as the role does on the host."""
@@ -77,12 +79,7 @@ def local_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServ
         _wait_ready(port, proc, log)
         yield LocalServer(port, token, log)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        end_process(proc, grace_s=15)
 
 
 def _wait_ready(port: int, proc: subprocess.Popen[bytes], log: Path) -> None:

@@ -43,5 +43,5 @@ def test_racing_callers_start_one_service_and_stop_stops_it(
         assert service.describe()["running"] is True
     finally:
         service.stop_service()
-    assert service._answers(service.base_url()) is False, "the emulator that answered was not stopped"
+    assert service.answers(service.base_url()) is False, "the emulator that answered was not stopped"
     assert not (tmp_path / "sandbox" / "emulator.pid").exists()

@@ -31,7 +31,7 @@ from urllib.parse import quote
 import pytest
 from fuzz_http import Case, answered, header_cases, json_bodies, request, send
 
-from forja_sandbox.storage_emulator import Refused, StorageEmulator, _precondition_holds
+from forja_sandbox.storage_emulator import Refused, StorageEmulator, precondition_holds
 
 BUCKET = "forja-fuzz"
 TAKEN = "fuzz/taken"  # exists before the fuzz: ifGenerationMatch=0 on it fails (412)
@@ -280,7 +280,7 @@ def test_malformed_requests_get_no_500_no_hung_handler_and_change_nothing(emulat
 def test_a_non_integer_generation_precondition_is_invalid_argument() -> None:
     request_ = SimpleNamespace(query={"ifGenerationMatch": ["abc"]})
     with pytest.raises(Refused) as refused:
-        _precondition_holds(request_, SimpleNamespace(objects={}), BUCKET, TAKEN)
+        precondition_holds(request_, SimpleNamespace(objects={}), BUCKET, TAKEN)
     assert (refused.value.status, refused.value.message) == (400, "Invalid argument.")
 
 

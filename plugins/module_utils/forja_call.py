@@ -34,6 +34,13 @@ class Call:
     def warn(self, msg: str) -> None:
         self.warnings.append(msg)
 
+    def with_diff(self, result: dict[str, Any], before: dict[str, Any], after: dict[str, Any],
+                  **headers: str) -> dict[str, Any]:
+        """`result`, with its `diff` (before, after and any headers) when the run asked for one (--diff)."""
+        if self.diff:
+            result["diff"] = {"before": before, "after": after, **headers}
+        return result
+
 
 def run_as_module(spec: dict[str, Any], run: Any) -> None:
     """A module's main(): validate with AnsibleModule, run `run(call)`, exit or fail as it says."""

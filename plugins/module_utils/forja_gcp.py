@@ -34,26 +34,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-try:
-    import requests
-
-    HAS_REQUESTS = True
-    REQUESTS_IMPORT_ERROR = None
-except ImportError as exc:  # pragma: no cover - exercised only without the controller venv
-    HAS_REQUESTS = False
-    REQUESTS_IMPORT_ERROR = exc
-
-try:
+try:  # requests first, so that without it the ImportError names it (GcpClient says which library is missing)
+    import requests  # noqa: I001
     import google.auth
     import google.auth.exceptions
     import google.auth.transport.requests
     import google.oauth2.service_account
 
-    HAS_GOOGLE_AUTH = True
-    GOOGLE_AUTH_IMPORT_ERROR = None
+    HAS_GCP_LIBRARIES = True
+    GCP_IMPORT_ERROR = None
 except ImportError as exc:  # pragma: no cover - exercised only without the controller venv
-    HAS_GOOGLE_AUTH = False
-    GOOGLE_AUTH_IMPORT_ERROR = exc
+    HAS_GCP_LIBRARIES = False
+    GCP_IMPORT_ERROR = exc
 
 DEFAULT_API_URL = "https://compute.googleapis.com/compute/v1/"
 DEFAULT_SCOPES = ("https://www.googleapis.com/auth/compute",)
@@ -210,12 +202,9 @@ class GcpClient:
     """A small Compute Engine v1 client: one credentials object and one HTTP session per instance."""
 
     def __init__(self, config: GcpConfig) -> None:
-        if not HAS_REQUESTS:
-            raise GcpError(f"the 'requests' library is needed on the controller: {REQUESTS_IMPORT_ERROR}")
-        if not HAS_GOOGLE_AUTH:
-            raise GcpError(
-                f"the 'google-auth' library is needed on the controller: {GOOGLE_AUTH_IMPORT_ERROR}"
-            )
+        if not HAS_GCP_LIBRARIES:
+            library = "requests" if getattr(GCP_IMPORT_ERROR, "name", None) == "requests" else "google-auth"
+            raise GcpError(f"the '{library}' library is needed on the controller: {GCP_IMPORT_ERROR}")
         if config.auth_kind not in AUTH_KINDS:
             raise GcpAuthError(f"auth_kind: '{config.auth_kind}' is not one of {', '.join(AUTH_KINDS)}")
         self.config = config
@@ -529,7 +518,7 @@ class GcpClient:
         return current
 
 
-class _RecordingRequest(google.auth.transport.requests.Request if HAS_GOOGLE_AUTH else object):  # type: ignore[misc]
+class _RecordingRequest(google.auth.transport.requests.Request if HAS_GCP_LIBRARIES else object):  # type: ignore[misc]
     """google-auth's request adapter, keeping the HTTP status of each token endpoint answer.
 
     google-auth's RefreshError does not carry the status; without it a token endpoint that

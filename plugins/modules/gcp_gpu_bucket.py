@@ -270,9 +270,7 @@ def run(call: Call) -> dict[str, Any]:
         raise ModuleFailure(f"{where}: {type(cause).__name__}: {api_message(cause)}; check "
                             f"{'storage_emulator_host' if emulator else 'the credentials and the network'}",
                             changed=False) from exc
-    if call.diff:
-        result["diff"] = {"before": before, "after": after}
-    return result
+    return call.with_diff(result, before, after)
 
 
 def main() -> None:

@@ -272,9 +272,7 @@ def run(call: Call) -> dict[str, Any]:
         result["admitted_by"] = admitted_by
     if params["state"] == "present":
         result["firewall"] = after
-    if call.diff:
-        result["diff"] = {"before": before, "after": after}
-    return result
+    return call.with_diff(result, before, after)
 
 
 def main() -> None:

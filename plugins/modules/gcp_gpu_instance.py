@@ -678,14 +678,8 @@ class InstanceManager:
             result["zones_tried"] = self.zones_tried
         if self.preempted_at:
             result["preempted_at"] = self.preempted_at
-        if self.call.diff:
-            result["diff"] = {
-                "before": before,
-                "after": after,
-                "before_header": f"instance {self.params['name']}",
-                "after_header": f"instance {self.params['name']}",
-            }
-        return result
+        header = f"instance {self.params['name']}"
+        return self.call.with_diff(result, before, after, before_header=header, after_header=header)
 
 
 # AnsibleModule's arguments: the module validates with them, and so does its action plugin.
@@ -693,6 +687,11 @@ SPEC: dict[str, Any] = {
     "argument_spec": ARGUMENT_SPEC,
     "mutually_exclusive": [("image", "image_family"), ("credentials_file", "credentials_json")],
 }
+
+
+def progress(manager: InstanceManager | None) -> dict[str, Any]:
+    """What a failed run had done before it failed: its actions, and whether any was applied."""
+    return {"actions": manager.actions if manager else [], "changed": bool(manager and manager.applied)}
 
 
 def run(call: Call) -> dict[str, Any]:
@@ -716,17 +715,11 @@ def run(call: Call) -> dict[str, Any]:
             error_code=exc.code,
             zone=exc.zone,
             zones_tried=manager.zones_tried if manager else [],
-            actions=manager.actions if manager else [],
-            changed=bool(manager and manager.applied),
+            **progress(manager),
         ) from exc
     except GcpError as exc:
-        raise ModuleFailure(
-            exc.message,
-            http_status=exc.status,
-            reason=exc.reason,
-            actions=manager.actions if manager else [],
-            changed=bool(manager and manager.applied),
-        ) from exc
+        raise ModuleFailure(exc.message, http_status=exc.status, reason=exc.reason,
+                            **progress(manager)) from exc
 
 
 def main() -> None:

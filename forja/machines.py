@@ -3,7 +3,8 @@
 Why there: the gcp_gpu_instance module may only use what AnsiballZ ships (module_utils), so the
 table must live in module_utils; that file is plain data plus the standard library, with no
 Ansible import. forja's cost code and the sandbox's Compute emulator read the same table through
-this loader, by file path, instead of keeping copies that drift. forja imports no plugin code
+this loader, by file path, instead of keeping copies that drift (the price rules in
+module_utils/forja_cost.py read it as their sibling). forja imports no plugin code
 as a package: this is the one place that loads the file, and only the data is used.
 """
 
@@ -15,9 +16,9 @@ from typing import Any
 
 from forja import module_utils
 
-#: The catalog's file stem under plugins/module_utils.
+#: The catalog's file stem under plugins/module_utils; loaded under that name, as its siblings that
+#: import it (forja_cost.py, forja_vertex.py) find it when forja loads them by path.
 CATALOG_STEM = "forja_gcp_machines"
-_MODULE_NAME = "forja._machine_catalog"
 
 
 def catalog_path() -> Path:
@@ -27,7 +28,7 @@ def catalog_path() -> Path:
 
 def catalog() -> ModuleType:
     """The catalog module, loaded once. Its ``MACHINE_TYPES`` maps a name to a ``MachineType``."""
-    return module_utils.load(CATALOG_STEM, _MODULE_NAME)
+    return module_utils.load(CATALOG_STEM)
 
 
 def machine_types() -> dict[str, Any]:

@@ -6,6 +6,14 @@ costs its disk: the report shows that figure separately because it is the one pe
 
 Inputs are plain dicts (an inventory's hostvars or the Compute API's instance JSON), so the
 computation is testable with known numbers and no cloud at all.
+
+What decides a VM's hourly rate (its record read as machine type, zone, Spot and attached GPUs, and
+the machine catalog's rule for the GPUs a type comes with) is not here: it lives in
+``plugins/module_utils/forja_cost.py`` with the price table, which the ``forja_hourly_rate`` filter
+imports the Ansible way (an installed collection needs no forja). ``Instance.from_mapping`` reads
+those fields through it and ``machine_rate`` is its rule, re-exported, so a playbook and ``forja
+cost`` price a VM alike; this module adds what only forja's reports need: running intervals, the
+one-minute minimum, disks.
 """
 
 from __future__ import annotations
@@ -15,12 +23,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from forja import errors, machines
+from forja.cost.prices import RULES as _rules  # plugins/module_utils/forja_cost.py
 from forja.cost.prices import PriceError, PriceTable, Rate, region_of
 
 MIN_BILLED_S = 60.0
 RUNNING_STATES = frozenset({"RUNNING", "STOPPING", "SUSPENDING"})
-DEFAULT_DISK_TYPE = "pd-balanced"
+DEFAULT_DISK_TYPE: str = _rules.DEFAULT_DISK_TYPE
+#: The VM's hourly rate under its machine type's price key, GPUs a type comes with not added again
+#: (the catalog says which): the filter's rule, from module_utils/forja_cost.py.
+machine_rate = _rules.machine_rate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,28 +116,18 @@ class Instance:
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> Instance:
-        """Accept inventory hostvars (snake_case) or the Compute API's JSON (camelCase)."""
+        """Accept inventory hostvars (snake_case) or the Compute API's JSON (camelCase).
+
+        What decides the rate (name, zone, machine type, Spot, attached GPUs) is read as the
+        forja_hourly_rate filter reads it (module_utils/forja_cost.py ``PricedVm``); the rest here."""
+        priced = _rules.PricedVm.from_mapping(data)
+        short = _rules.short
 
         def pick(*keys: str) -> Any:
             for key in keys:
                 if data.get(key) not in (None, ""):
                     return data[key]
             return None
-
-        def short(value: Any) -> str:
-            return str(value).rsplit("/", 1)[-1] if value else ""
-
-        name = pick("name", "inventory_hostname")
-        if not name:
-            raise ValueError("instance has no 'name'")
-        zone = short(pick("zone", "gcp_zone"))
-        machine_type = short(pick("machine_type", "machineType"))
-        for field, value in (("zone", zone), ("machine_type", machine_type)):
-            if not value:
-                raise ValueError(f"instance {name!r} has no '{field}'; it is needed to look its price up")
-        scheduling = data.get("scheduling") or {}
-        model = pick("provisioning_model") or scheduling.get("provisioningModel") or "STANDARD"
-        spot = str(model).upper() == "SPOT" or bool(pick("preemptible") or scheduling.get("preemptible"))
 
         def stamp(*keys: str) -> datetime | None:
             value = pick(*keys)
@@ -144,14 +145,6 @@ class Instance:
             dtype = short(disk.get("disk_type") or disk.get("diskType") or params.get("diskType"))
             disks.append(Disk(dtype or DEFAULT_DISK_TYPE, float(size)))
 
-        accelerators: dict[str, int] = {}
-        for acc in data.get("guestAccelerators") or data.get("accelerators") or []:
-            kind = short(acc.get("acceleratorType") or acc.get("type"))
-            count = int(acc.get("acceleratorCount") or acc.get("count") or 0)
-            accelerators[kind] = accelerators.get(kind, 0) + count
-        if not accelerators and pick("gpu_type") and pick("gpu_count"):  # forja's gcp_gpu hostvars
-            accelerators[short(pick("gpu_type"))] = int(pick("gpu_count"))
-
         history = None
         if data.get("intervals") is not None:
             history = tuple(
@@ -159,16 +152,16 @@ class Instance:
                 for iv in data["intervals"]
             )
         return cls(
-            name=str(name),
-            zone=zone,
-            machine_type=machine_type,
+            name=priced.name,
+            zone=priced.zone,
+            machine_type=priced.machine_type,
             status=str(pick("status") or "UNKNOWN"),
-            spot=spot,
+            spot=priced.spot,
             last_start=stamp("last_start_timestamp", "lastStartTimestamp"),
             last_stop=stamp("last_stop_timestamp", "lastStopTimestamp"),
             created=stamp("creation_timestamp", "creationTimestamp"),
             disks=tuple(disks),
-            accelerators=accelerators,
+            accelerators=dict(priced.accelerators),
             history=history,
         )
 
@@ -193,22 +186,6 @@ class CostLine:
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def machine_rate(instance: Instance, prices: PriceTable) -> Rate:
-    """The VM's hourly rate, priced under its machine type's price key.
-
-    Which types come with their GPUs (G2/A2/A3, priced as one figure) is the machine catalog's
-    fact, not the price table's: only GPUs attached to other types (N1 + T4) are added. A type the
-    catalog does not know is priced under its own name, as a user's price file may add it.
-    """
-    try:
-        known = machines.machine_type(instance.machine_type)
-    except errors.ConfigError as exc:  # no catalog beside forja: say so where prices are reported
-        raise PriceError(str(exc)) from exc
-    key = known.key if known is not None else instance.machine_type
-    extra = {} if known is not None and known.gpu_count else dict(instance.accelerators)
-    return prices.instance_rate(key, instance.zone, instance.spot, extra)
 
 
 def rate_of(machine_type: str, zone: str, prices: PriceTable, spot: bool = False) -> Rate:

@@ -1,37 +1,29 @@
 # Copyright: forja contributors
 # Apache-2.0
-"""Cost filters: what a host costs per hour, from forja's price table (``forja.cost``).
+"""Cost filters: what a host costs per hour, from forja's price table.
 
-The figures and the rules (a G2 machine type includes its L4, N1 VMs add their attached T4s, Spot
-vs on-demand, the user's override file) live in ``forja.cost``; this plugin only adapts a host's
-inventory record to it, so a playbook and ``forja cost`` can never disagree about a rate.
+The figures (module_utils/forja_gcp_prices.json) and the rules (a G2 machine type includes its L4,
+N1 VMs add their attached T4s, Spot vs on-demand, the user's override file) live in
+module_utils/forja_cost.py, which ``forja cost`` reads too (``forja.cost``, loading that file by
+path); this plugin only adapts a host's inventory record to it, so a playbook and ``forja cost``
+can never disagree about a rate. It imports nothing of forja: the installed collection works alone.
 Documentation: ``forja_hourly_rate.yml`` beside this file (``ansible-doc -t filter forja_hourly_rate``).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
-
-_IMPORT_ERROR: ImportError | None = None
-try:
-    from forja.cost.prices import PriceError, load_prices
-    from forja.cost.spend import Instance, machine_rate
-except ImportError:  # Ansible run by a Python without forja installed: use the checkout it lives in
-    _REPO = Path(__file__).resolve().parents[2]
-    if (_REPO / "forja" / "cost" / "prices.py").is_file() and str(_REPO) not in sys.path:
-        sys.path.append(str(_REPO))
-    try:
-        from forja.cost.prices import PriceError, load_prices
-        from forja.cost.spend import Instance, machine_rate
-    except ImportError as exc:  # reported when the filter is used, so ansible-doc still renders
-        _IMPORT_ERROR = exc
+from ansible_collections.forja.gpu.plugins.module_utils.forja_cost import (
+    PricedVm,
+    PriceError,
+    load_prices,
+    machine_rate,
+)
 
 # The hostvars of the gcp_gpu inventory plugin that decide a VM's price.
 _PRICED_FIELDS = ("machine_type", "zone", "gpu_type", "gpu_count", "provisioning_model")
@@ -53,11 +45,6 @@ def hourly_rate(record: Mapping[str, Any], prices: str | None = None, whole_clus
     With ``whole_cluster``, of every VM of the host's cluster (its ``forja_node_count``): the members
     are made alike and run together, so what one member's run or spend cap must count is the sum.
     """
-    if _IMPORT_ERROR is not None:
-        raise AnsibleFilterError(
-            f"forja_hourly_rate: forja's cost package cannot be imported ({_IMPORT_ERROR}); "
-            "run Ansible from forja's virtualenv (source .venv/bin/activate)"
-        )
     if not isinstance(record, Mapping):
         raise AnsibleFilterError(
             "forja_hourly_rate: expected a host's inventory record such as hostvars[inventory_hostname], "
@@ -79,8 +66,8 @@ def hourly_rate(record: Mapping[str, Any], prices: str | None = None, whole_clus
     # Spot shows as provisioning_model SPOT, or as the older preemptible flag ("false" is no).
     fields["preemptible"] = boolean(_pick(record, "preemptible") or False, strict=False)
     try:
-        instance = Instance.from_mapping(fields)
-        rate = machine_rate(instance, load_prices(os.path.expanduser(prices) if prices else None))
+        vm = PricedVm.from_mapping(fields)
+        rate = machine_rate(vm, load_prices(os.path.expanduser(prices) if prices else None))
     except (PriceError, ValueError) as exc:
         # Ansible appends the cause (which names the table entry to add) after this message.
         raise AnsibleFilterError(

@@ -5,8 +5,8 @@
 This file is the one home of that table. The gcp_gpu_instance module gets it through AnsiballZ (a
 module may only use module_utils); forja's cost code and the sandbox's Compute emulator load this
 same file by path through ``forja.machines``, so it imports nothing but the standard library:
-no Ansible, no forja. Prices are not here: ``forja/cost/prices.yaml`` holds them keyed by each
-type's ``price_key``.
+no Ansible, no forja. Prices are not here: ``forja_gcp_prices.json`` beside it holds them keyed
+by each type's ``price_key``, read by ``forja_cost.py`` (which imports this file as its sibling).
 
 It also holds the codes of a zone out of capacity and the statuses of a VM on its way up or down,
 which the module and forja's Spot watcher both act on. It checks a machine type against the GPUs

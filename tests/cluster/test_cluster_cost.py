@@ -27,7 +27,7 @@ from forja.cost.spend import parse_time
 from forja.history import History
 
 PROJECT = "forja-sandbox"
-TABLE = yaml.safe_load((REPO / "forja/cost/prices.yaml").read_text())
+TABLE = json.loads((REPO / "plugins/module_utils/forja_gcp_prices.json").read_text())
 MEMBER_RATE = TABLE["machine_types"]["g2-standard-24"]["us-east1"]["on_demand"]
 SOLO_RATE = TABLE["machine_types"]["g2-standard-8"]["us-east1"]["on_demand"]
 DISK_GB_MONTH = TABLE["disks"]["pd-balanced"]["us-east1"]["per_gb_month"]

@@ -68,6 +68,8 @@ run oom_midrun "$PY" -m trainer train --config "$R/oom_midrun.yaml"
 import json, sys
 from pathlib import Path
 
+from trainer.run_folder import METRICS, SUMMARY  # run from the repository root
+
 r = Path(sys.argv[1])
 
 def rc(name):
@@ -75,11 +77,11 @@ def rc(name):
     return f"exit {code}, {secs} s"
 
 def summary(run):
-    p = r / run / "summary.json"
+    p = r / run / SUMMARY
     return json.loads(p.read_text()) if p.is_file() else {}
 
 def metrics(run):
-    p = r / run / "metrics.jsonl"
+    p = r / run / METRICS
     return [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.is_file() else []
 
 def nvml(run):

@@ -32,6 +32,9 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
+sys.path.insert(0, str(REPO))
+
+from trainer import run_folder  # noqa: E402
 
 
 def run_once(folder: Path, during_eval: bool, threads: int, device: str, evals: int) -> dict[str, float]:
@@ -67,7 +70,7 @@ def run_once(folder: Path, during_eval: bool, threads: int, device: str, evals: 
         stderr=subprocess.PIPE,
         text=True,
     )
-    metrics = out / "metrics.jsonl"
+    metrics = out / run_folder.METRICS
     deadline = time.monotonic() + 600
     while True:  # wait until it trains (or evaluates)
         if proc.poll() is not None:
@@ -81,7 +84,7 @@ def run_once(folder: Path, during_eval: bool, threads: int, device: str, evals: 
             proc.kill()
             raise RuntimeError("the trainer did not reach the point to interrupt")
         time.sleep(0.01)
-    ckpts = out / "checkpoints"
+    ckpts = out / run_folder.CHECKPOINTS_DIR
     before = {p.name for p in ckpts.glob("ckpt-*.pt")} if ckpts.exists() else set()
     sent = time.monotonic()
     proc.send_signal(signal.SIGTERM)
@@ -94,7 +97,7 @@ def run_once(folder: Path, during_eval: bool, threads: int, device: str, evals: 
     proc.stderr.read()
     if proc.returncode != 3:
         raise RuntimeError(f"expected exit 3 (preempted), got {proc.returncode}")
-    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    events = [json.loads(line) for line in (out / run_folder.EVENTS).read_text().splitlines()]
     preempt = next(e for e in events if e["event"] == "preempt")
     abandoned = any(e["event"] == "eval_abandoned" for e in events)
     if during_eval and not abandoned:

@@ -68,6 +68,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from forja_sandbox import testhosts  # noqa: E402
+from trainer import run_folder  # noqa: E402
 
 #: The two test hosts this bench may use (one owner per index; see shared/notes/test-hosts.md).
 HOSTS = (46, 47)
@@ -191,12 +192,13 @@ def run_row(row: Row, hosts: list[testhosts.Host], warm: int, threads: int, roun
                 proc.kill()
     if any(proc.returncode != 0 for proc in procs):
         raise RuntimeError(f"{row.label}: a node's launcher failed:\n" + "\n---\n".join(outputs))
-    events = [json.loads(line) for line in ssh(hosts[0], f"sudo cat {out}/events.jsonl").stdout.splitlines()]
+    logged = ssh(hosts[0], f"sudo cat {out}/{run_folder.EVENTS}").stdout
+    events = [json.loads(line) for line in logged.splitlines()]
     start = next(e for e in events if e["event"] == "start")
     if start.get("world_size") != row.processes:
         raise RuntimeError(f"{row.label}: the run trained with world_size {start.get('world_size')}, "
                            f"expected {row.processes}")
-    lines = ssh(hosts[0], f"sudo cat {out}/metrics.jsonl").stdout.splitlines()
+    lines = ssh(hosts[0], f"sudo cat {out}/{run_folder.METRICS}").stdout.splitlines()
     metrics = [json.loads(line) for line in lines]
     return statistics.median(m["samples_per_s"] for m in metrics if m["step"] > warm)
 

@@ -19,9 +19,12 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from forja import errors, module_utils
+
+if TYPE_CHECKING:
+    from forja.session import Session
 
 #: google-cloud-storage's own setting for an emulator's endpoint (the sandbox's Cloud Storage).
 ENV_EMULATOR = "STORAGE_EMULATOR_HOST"
@@ -33,7 +36,7 @@ def dataset_module() -> ModuleType:
     return module_utils.load("forja_dataset", "forja._dataset_push")
 
 
-def first_host_vars(forja: Any) -> dict[str, Any]:
+def first_host_vars(forja: Session) -> dict[str, Any]:
     """The first forja_gpu host's inventory variables (where the project's bucket is named), or {}."""
     if forja.inventory is None:
         return {}
@@ -41,7 +44,7 @@ def first_host_vars(forja: Any) -> dict[str, Any]:
     return dict(hosts[0].vars) if hosts else {}
 
 
-def settings(forja: Any, bucket: str | None) -> dict[str, Any]:
+def settings(forja: Session, bucket: str | None) -> dict[str, Any]:
     """Where a push goes: the bucket given, else `dataset_bucket` (an -e or the inventory), else the
     inventory's checkpoint bucket `gcp_bucket_name`; the emulator from STORAGE_EMULATOR_HOST, else
     the inventory's (the sandbox names its own); the project from FORJA_GCP_PROJECT or the inventory."""
@@ -60,24 +63,39 @@ def settings(forja: Any, bucket: str | None) -> dict[str, Any]:
             "credentials_file": os.environ.get("FORJA_GCP_CREDENTIALS_FILE") or None}
 
 
-def push(
-    forja: Any,
-    path: str | Path,
-    name: str | None,
-    bucket: str | None,
-    *,
-    threads: int,
-    excludes: Sequence[str],
-    detect_secrets: bool,
-    retry_deadline_s: float,
-    on_progress: Callable[[Any], None] | None,
-    direct: bool = False,
-) -> Any:
-    """`Forja.push_data`'s work (see its docstring); module errors become forja's typed errors.
+def storage_client(session: Session, bucket_url: str) -> Any:
+    """A Cloud Storage client as `forja data push` makes one (the inventory's emulator, project, key)."""
+    where = settings(session, bucket_url)
+    return dataset_module().make_client(where["project"], where["emulator"], where["credentials_file"])
 
-    No bucket (none given or in the inventory, or `direct`): playbooks/data.yml sends the folder
-    straight to the hosts' disks (roles/dataset, rsync over the inventory's SSH) and its RunResult
-    is returned; otherwise the push's PushResult."""
+
+def push(
+    forja: Session,
+    path: str | Path,
+    name: str | None = None,
+    bucket: str | None = None,
+    *,
+    threads: int = 8,
+    excludes: Sequence[str] = (),
+    detect_secrets: bool = True,
+    retry_deadline_s: float = 300.0,
+    on_progress: Callable[[Any], None] | None = None,
+    to_host: bool = False,
+) -> Any:
+    """Push a dataset folder to the project's bucket as gs://BUCKET/datasets/NAME (NAME: the folder's).
+
+    Content-addressed: each distinct file goes to gs://BUCKET/datasets/blobs/<sha256> once, so a second
+    push sends only what changed and an interrupted push resumes by skipping what is there. Uploads run
+    in parallel (large files resumable, in chunks), each checked against its CRC32C; the manifest (path,
+    size, SHA-256, CRC32C per file) is written last, so a partial push never looks complete. Secrets are
+    left out as in the bundle (host_contract_send_excludes, plus the content check). The bucket is
+    --bucket, else the inventory's dataset_bucket or gcp_bucket_name. `on_progress` gets a Progress
+    (phase, files and bytes done and in all) as it goes; no clock of forja's stops a long push, only one
+    blob left unanswered past `retry_deadline_s` of retries does (push again: what was sent is kept).
+    Runs on the hosts read it as gs://BUCKET/datasets/NAME, or staged on their disk (roles/dataset).
+    Without a bucket (or with --to-host), the folder goes straight to <host_contract_data_dir>/NAME on
+    the VMs (rsync over the inventory's SSH, each file's SHA-256 checked there; a RunResult is returned).
+    """
     from forja import host_contract
 
     mod = dataset_module()
@@ -88,12 +106,12 @@ def push(
         mod.check_name(dataset)
     except mod.DatasetError as exc:
         raise errors.ConfigError(exc.field, exc.message.split(": ", 1)[1]) from None
-    where = {"bucket": ""} if direct else settings(forja, bucket)
+    where = {"bucket": ""} if to_host else settings(forja, bucket)
     if not where["bucket"]:
         if forja.inventory is None:
             raise errors.ConfigError("bucket", "no bucket and no inventory: give --bucket gs://BUCKET, or "
                                                "-i INVENTORY to send the dataset straight to the VM's disk")
-        return forja._run("data.yml", {
+        return forja.run("data.yml", {
             "dataset_src": str(folder.resolve()), "dataset_name": dataset, "dataset_bucket": "",
             "dataset_excludes": list(excludes), "dataset_detect_secrets": detect_secrets,
             "dataset_threads": threads})

@@ -28,7 +28,7 @@ from typing import Any
 
 from forja import runstate
 from forja.errors import ConfigError, RunNotFound
-from forja.runner import forja_home
+from forja.paths import forja_home
 from trainer.summary import Summary
 
 #: Statuses a run can have. "running" until the play (or a later status/fetch) says otherwise.
@@ -355,23 +355,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _record(row: sqlite3.Row) -> RunRecord:
-    return RunRecord(
-        run_id=row["run_id"],
-        name=row["name"],
-        hosts=json.loads(row["hosts"] or "[]"),
-        config_path=row["config_path"],
-        config_hash=row["config_hash"],
-        status=row["status"],
-        started_at=row["started_at"],
-        ended_at=row["ended_at"],
-        steps=row["steps"],
-        last_loss=row["last_loss"],
-        cost_usd=row["cost_usd"],
-        artifact_dir=row["artifact_dir"],
-        preemptions=row["preemptions"],
-        lost_steps=row["lost_steps"],
-        message=row["message"],
-    )
+    """A row as its record: the columns named as the fields (SELECT * may hold more), hosts as a list."""
+    fields = {name: row[name] for name in RunRecord.__dataclass_fields__}
+    return RunRecord(**{**fields, "hosts": json.loads(row["hosts"] or "[]")})
 
 
 if __name__ == "__main__":

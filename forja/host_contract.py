@@ -25,7 +25,7 @@ PREFIX = "host_contract_"
 
 def contract_path() -> Path:
     """Under the same root the playbooks are run from (FORJA_ROOT or the clone)."""
-    from forja.runner import REPO_ROOT
+    from forja.paths import REPO_ROOT
 
     return REPO_ROOT / CONTRACT_FILE
 

@@ -26,11 +26,15 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from forja import errors
 from forja.token_file import read_private
 from trainer.export import CONFIG, WEIGHTS, ExportError, verify
+from trainer.run_folder import MODEL_DIR
+
+if TYPE_CHECKING:
+    from forja.session import Session
 
 #: The environment variable huggingface_hub itself reads for the token.
 TOKEN_ENV = "HF_TOKEN"
@@ -187,3 +191,51 @@ def _failed(exc: Any) -> errors.ForjaError:
 
 def _unreachable(endpoint: str, exc: Exception) -> errors.ForjaError:
     return errors.ForjaError(f"cannot reach the Hub at {endpoint} ({type(exc).__name__}: {exc})")
+
+
+def model_push(
+    session: Session,
+    run: str,
+    repo: str,
+    token_file: str | Path | None = None,
+    private: bool | None = None,
+    folder: str | Path | None = None,
+    endpoint: str | None = None,
+) -> HubPush:
+    """Push a run's exported model (model.safetensors + model.json) to a Hugging Face Hub model repo.
+
+    The model is the one `forja fetch RUN` (or `forja train`) brought to this machine, in the run's
+    results (`model/`), or the folder given. This machine uploads it, not the VM: the token never
+    leaves it. The token is read from --token-file (mode 600), else HF_TOKEN, else the one `hf auth
+    login` saved; never from the command line, never logged. The repo is created when missing
+    (--private makes a new one private). A token that cannot write to the repo is an error naming
+    the repo and how to get one that can, before anything is uploaded when the Hub says so up front.
+    The Hub is HF_ENDPOINT when set (a stand-in for tests: forja_sandbox/hub_standin.py).
+    """
+    where = Path(folder).expanduser() if folder is not None else model_folder(session, run)
+    return push_model(where, repo, token=read_token(token_file), private=private, endpoint=endpoint)
+
+def model_folder(session: Session, run: str) -> Path:
+    """The exported model in a run's fetched results: the folder the history recorded (the rank-0
+    host's), else the default results folder's host subfolders (as `fetch` lays them out)."""
+    places: list[Path] = []
+    with contextlib.suppress(errors.RunNotFound):
+        recorded = session.history.find(run).artifact_dir
+        if recorded:
+            places.append(Path(recorded))
+    places.append(session.results_dir(run))
+    for place in places:
+        _, host_dir = session.read_results(run, place)
+        for candidate in (place, host_dir):
+            if candidate is not None and (candidate / MODEL_DIR / CONFIG).is_file():
+                return candidate / MODEL_DIR
+    if not any(place.is_dir() for place in places):
+        raise errors.RunNotFound(
+            f"no results of run {run!r} on this machine (looked in {', '.join(map(str, places))}); "
+            f"fetch them with `forja fetch {run}`"
+        )
+    raise errors.ConfigError(
+        "run", f"{run} has no exported model in its results ({', '.join(map(str, places))}): the run "
+        "did not complete, or export_model was off (export it on the host: python -m trainer export "
+        f"RUN_DIR), then `forja fetch {run}`"
+    )  # fmt: skip

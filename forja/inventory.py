@@ -116,7 +116,7 @@ def _choices() -> str:
 
     import yaml
 
-    from forja.runner import REPO_ROOT
+    from forja.paths import REPO_ROOT
 
     cfg = configparser.ConfigParser(interpolation=None)
     cfg.read(REPO_ROOT / "ansible.cfg")
@@ -190,7 +190,8 @@ def read(inventory: Inventory = None, *, cwd: Path | None = None) -> InventoryDa
 
     `cwd` is where ansible.cfg is looked up; forja's repository by default, like the playbooks.
     """
-    from forja.runner import REPO_ROOT, STRICT_INVENTORY
+    from forja.paths import REPO_ROOT
+    from forja.runner import STRICT_INVENTORY
 
     cmd = [_ansible_inventory(), "--list"]
     for source in _sources(inventory):

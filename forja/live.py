@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import requests
@@ -189,3 +189,17 @@ def scrape_any(urls: Iterable[str], timeout: float = 2) -> list[LiveSample]:
         except LiveError:
             continue
     return found
+
+
+def samples(
+    run: str | None = None, urls: Sequence[str] | None = None, timeout: float = 2.0
+) -> list[LiveSample]:
+    """The live metrics of the runs that serve them: step, loss, throughput, ETA, cost, GPU, CPU.
+
+    Reads each run's Prometheus endpoint once, at `urls` (default: 127.0.0.1 at each of the host
+    contract's metrics ports, where the tunnel of `forja tunnel` forwards them); `run` keeps that
+    run only. No playbook runs: the numbers come straight from the runs (`forja.live`), so it can
+    be called every second. Nothing serving is an empty list.
+    """
+    chosen = list(urls) if urls else [live_url(port) for port in metrics_ports()]
+    return [sample for sample in scrape_any(chosen, timeout) if run is None or sample.run == run]

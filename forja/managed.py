@@ -23,7 +23,7 @@ Two watchers of one run would fight (both restart, both move): a lock file per r
 watch; a second says which process holds it.
 
 The decisions are one pure function, `decide`, so the whole table is tested without a cloud; the
-loop (`Watcher`) only observes, decides and calls `Forja`'s verbs.
+loop (`Watcher`) only observes, decides and calls forja's verbs (`forja.lifecycle`, `forja.training`).
 """
 
 from __future__ import annotations
@@ -36,15 +36,13 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-from forja import errors, machines, runstate
+from forja import errors, following, lifecycle, machines, runstate, training
 from forja import format as fmt
 from forja.contract import InstanceState
-from forja.runner import forja_home
-
-if TYPE_CHECKING:
-    from forja.api import Forja
+from forja.paths import forja_home
+from forja.session import Session
 
 #: Google's error codes for a zone out of capacity, and the statuses of a VM on its way up or down:
 #: the machine catalog's, which gcp_gpu_instance acts on too.
@@ -260,7 +258,7 @@ class Watcher:
     """Observe, decide, act, until the run ends or a budget is spent.
 
     Args:
-        forja: the project's `Forja` (its inventory and extravars are the run's).
+        session: the project's session (its inventory and extravars are the run's).
         state: the run, its zones (the first is where it runs now) and how to send it again.
         budget: when to stop trying.
         poll_s: seconds between looks at the VM (each look is one small playbook).
@@ -270,7 +268,7 @@ class Watcher:
 
     def __init__(
         self,
-        forja: Forja,
+        session: Session,
         state: WatchState,
         budget: RecoveryBudget | None = None,
         *,
@@ -279,7 +277,7 @@ class Watcher:
         down_usd_per_s: float | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        self.forja = forja
+        self.session = session
         self.state = state
         self.budget = budget or RecoveryBudget()
         self.budget.check()
@@ -291,7 +289,7 @@ class Watcher:
 
     # -- observing ---------------------------------------------------------------------------
     def observe(self) -> InstanceState:
-        found = self.forja.observe(zone_vars(self.state.zones))
+        found = lifecycle.observe(self.session, zone_vars(self.state.zones))
         if len(found) != 1:
             raise WatchError(
                 f"observe.yml reported {len(found)} VMs ({', '.join(found) or 'none'}); "
@@ -306,7 +304,7 @@ class Watcher:
         asks again (None: unknown)."""
         if vm.running:
             try:
-                states = self.forja.status(self.state.run)
+                states = following.status(self.session, self.state.run)
             except (errors.HostUnreachable, errors.PlaybookFailed) as exc:
                 self.say(f"the run's host did not answer ({exc.message.splitlines()[0][:120]}); asking again")
                 return None
@@ -315,7 +313,7 @@ class Watcher:
                     self.last_step = status.step
                 return status.status
         try:
-            return self.forja.history.find(self.state.run).status
+            return self.session.history.find(self.state.run).status
         except errors.ForjaError:  # a run site.yml sent, not recorded here yet
             return None
 
@@ -392,7 +390,7 @@ class Watcher:
         tally = self.state.tally
         data.update(seconds_down=round(tally.down_s, 1), usd_down=round(tally.down_usd, 6))
         with contextlib.suppress(errors.ForjaError):  # a run sent by site.yml may not be recorded yet
-            self.forja.history.record_event(self.state.run, kind, **data)
+            self.session.history.record_event(self.state.run, kind, **data)
         shown = {**data, "seconds_down": fmt.duration(tally.down_s), "usd_down": fmt.money(tally.down_usd)}
         self.say(f"{kind.replace('_', ' ')}: " + ", ".join(
             f"{k.replace('_', ' ')} {v}" for k, v in shown.items() if v not in (None, "")))
@@ -402,7 +400,7 @@ class Watcher:
         self._event("preempted", at=vm.preempted_at, zone=zone, last_step=self.last_step)
         self._set_tally(recoveries=self.state.tally.recoveries + 1)
         try:
-            self.forja.up(zone_vars([zone]))
+            lifecycle.up(self.session, zone_vars([zone]))
         except errors.PlaybookFailed as exc:
             if exc.code not in STOCKOUT_CODES:
                 raise
@@ -416,13 +414,13 @@ class Watcher:
             raise WatchError(
                 f"run {self.state.run} must move out of {vm.zone or 'its zone'} ({decision.reason}), which "
                 "needs the run sent again; this watcher was started without how it was sent. Start managed "
-                "runs with `forja train --managed` (or Forja.train(managed=True))."
+                "runs with `forja train --managed` (or Forja.train_managed)."
             )
         if vm.exists:
-            self.forja.down(delete=True, extravars=zone_vars([vm.zone]))
+            lifecycle.down(self.session, delete=True, extravars=zone_vars([vm.zone]))
         self._set_tally(recoveries=self.state.tally.recoveries + 1)
         try:
-            self.forja.up(zone_vars(decision.zones))
+            lifecycle.up(self.session, zone_vars(decision.zones))
         except errors.PlaybookFailed as exc:
             if exc.code not in STOCKOUT_CODES:
                 raise
@@ -433,8 +431,8 @@ class Watcher:
         self.state.zones = list(zone_order([moved_to, *self.state.zones], ()))
         self.state.save()
         self._event("zone_moved", from_zone=vm.zone, to_zone=moved_to)
-        self.forja.configure(extravars=zone_vars(self.state.zones))
-        self.forja.train(**{**self.state.train, "name": self.state.run, "wait": False})
+        lifecycle.configure(self.session, extravars=zone_vars(self.state.zones))
+        training.train(self.session, **{**self.state.train, "name": self.state.run, "wait": False})
 
 
 def checked_request(fallback_zones: Sequence[str], budget: RecoveryBudget | None) -> RecoveryBudget:
@@ -467,3 +465,61 @@ def start_state(run: str, zones: Sequence[str], train: Mapping[str, Any] | None 
         kept.zones = list(dict.fromkeys([*kept.zones[:1], *zones]))
         return kept
     return WatchState(run=run, zones=list(dict.fromkeys(zones)), train=dict(train or {}))
+
+
+def watch(
+    session: Session,
+    name: str,
+    *,
+    fallback_zones: Sequence[str],
+    budget: RecoveryBudget | None = None,
+    train: Mapping[str, Any] | None = None,
+    poll_s: float = POLL_S,
+    say: Callable[[str], None] = print,
+) -> str:
+    """Keep a run going on a Spot VM with nobody at the keyboard; returns why watching ended.
+
+    A preempted VM is started again in its zone; one whose zone ran out of capacity (or that is
+    gone) is made again in the next of `fallback_zones`, configured with the same playbooks, and
+    the run is sent again (`train`: how it was sent, as `Forja.train`'s keywords), resuming from
+    its newest checkpoint in the bucket. `budget` (`forja.managed.RecoveryBudget`) says when to stop
+    trying. One watcher per run: a second raises WatchError naming the first. Every transition
+    goes into the run's history. See forja/managed.py for the whole policy.
+    """
+    budget = checked_request(fallback_zones, budget)
+    found = lifecycle.observe(session)
+    if len(found) != 1:
+        raise errors.ConfigError("gcp_instance_name",
+                                 f"a managed run needs exactly one VM; found {len(found)}")
+    vm = next(iter(found.values()))
+    if not vm.exists:
+        raise errors.ConfigError("gcp_instance_name", "the run's VM does not exist; `forja up` creates it")
+    state = start_state(name, [vm.zone, *fallback_zones], train)
+    return Watcher(session, state, budget, poll_s=poll_s, say=say).run()
+
+
+def train_managed(
+    session: Session,
+    config: str | Path | None = None,
+    *,
+    fallback_zones: Sequence[str],
+    budget: RecoveryBudget | None = None,
+    poll_s: float = POLL_S,
+    say: Callable[[str], None] = print,
+    **train: Any,
+) -> str:
+    """`forja train --managed`: send a run (`train`'s keywords, never waiting), then `watch` it.
+
+    The budget and the zones are checked before anything is sent. Returns why watching ended.
+    """
+    if session.cluster is not None:
+        raise errors.ConfigError("--cluster", "a managed run watches one VM; drop --managed to train on "
+                                              "a cluster (its elastic torchrun outlives a lost member)")
+    budget = checked_request(fallback_zones, budget)
+    sent = {"config": str(config) if config else None, **train, "wait": False}
+    result = training.train(session, **sent)
+    say(f"run {result.run_id} started; watching it")
+    # what a recovery sends again: the same run resumed, never a second replacement
+    how = {k: v for k, v in sent.items() if k not in ("wait", "name", "cancel", "on_event", "replace")}
+    return watch(session, result.run_id, fallback_zones=fallback_zones, budget=budget, train=how,
+                 poll_s=poll_s, say=say)

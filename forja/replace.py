@@ -11,14 +11,22 @@ still be listed, priced and fetched. The VM's folder is moved by trainer_run (it
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from forja import errors
 from forja.history import History
 
+if TYPE_CHECKING:
+    from forja.session import Session
+
+#: trainer_run's task that moves a replaced run's host folder aside (tasks/main.yml): whether the
+#: host was touched when a `--replace` play fails.
+SET_ASIDE_TASK = "Set the replaced run's folder aside"
 #: What the UTC time adds to a name (`-replaced-20261129T112812`); the name is cut to stay a run name (63).
 SUFFIX_LEN = len("-replaced-") + len("20261129T112812")
 
@@ -65,3 +73,69 @@ def move_bucket_run(client: Any, bucket_url: str, old: str, new: str) -> int:
         blob.delete()
         moved += 1
     return moved
+
+
+@dataclass(frozen=True)
+class SetAside:
+    """A replaced run's new name, and the bucket its checkpoints were moved in (None: no bucket)."""
+
+    aside: str
+    bucket: str | None
+
+
+def set_aside(session: Session, name: str, config: Path, extravars: Mapping[str, Any]) -> SetAside | None:
+    """`--replace`: keep the ended run `name` as `<name>-replaced-<UTC time>`: its history row and
+    events, fetched results and bucket checkpoints here, its VM folder by the role (SET_ASIDE_TASK),
+    so the new run starts with nothing of it. None when there is no such run; a running one is
+    refused. `config` is the new run's (it may name the checkpoint bucket)."""
+    from forja import datasets
+
+    try:
+        old = session.history.get(name)
+    except errors.RunNotFound:
+        return None
+    if old.ended_at is None:
+        raise errors.ConfigError(
+            "replace", f"run {name!r} is {old.status}, not ended: stop it first (forja stop {name}), "
+            "then --replace it")
+    aside = SetAside(aside_name(name), checkpoint_bucket(session, config, extravars))
+    if aside.bucket is not None:
+        try:
+            move_bucket_run(datasets.storage_client(session, aside.bucket), aside.bucket, name, aside.aside)
+        except Exception as exc:  # google-cloud-storage's errors, auth's, the network's: say which
+            why = datasets.dataset_module().api_message(exc)  # Google's words, as a push says them
+            raise errors.ForjaError(
+                f"--replace could not move run {name!r}'s checkpoints in {aside.bucket} to "
+                f"{aside.aside!r} ({type(exc).__name__}: {why}); nothing was sent. Objects already "
+                f"moved are under {aside.bucket}/{aside.aside}/: move them back, or use a new --name"
+            ) from exc
+    move_run(session.history, session.results_dir, name, aside.aside)
+    return aside
+
+
+def put_back(session: Session, aside: SetAside, name: str) -> None:
+    """Undo `set_aside` when the play refused the replacement before touching the host."""
+    from forja import datasets
+
+    session.history.drop(name)
+    move_run(session.history, session.results_dir, aside.aside, name)
+    if aside.bucket is not None:
+        move_bucket_run(datasets.storage_client(session, aside.bucket), aside.bucket, aside.aside, name)
+
+
+def checkpoint_bucket(session: Session, config: Path, extravars: Mapping[str, Any]) -> str | None:
+    """Where the new run mirrors its checkpoints, as the trainer decides it (trainer/mirror.py):
+    the config's checkpoint_bucket, else trainer_run_checkpoint_bucket (-e, else the inventory's);
+    None when there is none."""
+    import yaml
+
+    from forja import datasets
+
+    with contextlib.suppress(OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError):
+        configured = yaml.safe_load(config.read_text()).get("checkpoint_bucket")
+        if configured:
+            return str(configured)
+    if "trainer_run_checkpoint_bucket" in extravars:
+        return str(extravars["trainer_run_checkpoint_bucket"] or "") or None
+    found = datasets.first_host_vars(session).get("trainer_run_checkpoint_bucket")
+    return str(found) if found and "{{" not in str(found) else None

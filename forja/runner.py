@@ -32,19 +32,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from forja import errors
+from forja.paths import REPO_ROOT, forja_home
 
 if TYPE_CHECKING:
     from forja import events as ev
 
-# ansible_runner and forja.events are imported where a play runs, not here: forja.host_contract reads
-# REPO_ROOT and forja.history forja_home from this module in processes that run no play (the train
-# playbook's `python -m forja.history record`), and those two imports were most of their start-up.
+# ansible_runner and forja.events are imported where a play runs, not here: a process that only reads
+# results (a role's `python -m forja.history record`) should not pay for them at start-up.
 
 log = logging.getLogger(__name__)
 logging.getLogger("ansible-runner").addHandler(logging.NullHandler())
 
-#: The forja repository: playbooks/, roles/, plugins/ and ansible.cfg live here.
-REPO_ROOT = Path(os.environ.get("FORJA_ROOT") or Path(__file__).resolve().parents[1])
 #: Set for every Ansible process forja starts (plays here, `forja.inventory.read`): an inventory source
 #: that exists but does not parse stops Ansible, the one source of `-i` and each of several alike;
 #: Ansible's default only warns and goes on with an empty or partial inventory ("nothing is running").
@@ -57,11 +55,6 @@ KEEP_ARTIFACTS = 20
 
 EventT = TypeVar("EventT")
 ResultT = TypeVar("ResultT")
-
-
-def forja_home() -> Path:
-    """The user's forja folder (history, runner data); FORJA_HOME overrides it (tests use a temp dir)."""
-    return Path(os.environ.get("FORJA_HOME") or Path.home() / ".local" / "share" / "forja").resolve()
 
 
 @dataclass(frozen=True, kw_only=True)

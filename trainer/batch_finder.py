@@ -46,6 +46,7 @@ from trainer.data import BatchPlan, largest_divisor_plan, sized_len, take_sample
 from trainer.imports import load_callable
 from trainer.optim import build_optimizer
 from trainer.precision import make_amp
+from trainer.run_folder import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -377,9 +378,7 @@ def write_cache(config: TrainConfig, key: str, result: dict[str, Any]) -> None:
         except (OSError, ValueError):
             table = {}
         table[key] = result
-        tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
-        tmp.write_text(json.dumps(table, indent=1, sort_keys=True))
-        tmp.replace(path)
+        write_atomic(path, json.dumps(table, indent=1, sort_keys=True))
     except OSError as exc:  # a read-only home must not fail training
         log.warning("find-batch: cannot write cache %s (%s)", path, exc)
 

@@ -40,6 +40,8 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
+from trainer.run_folder import TMP_MARK, atomic_file
+
 log = logging.getLogger(__name__)
 
 CKPT_RE = re.compile(r"^ckpt-(\d+)\.pt$")
@@ -47,7 +49,6 @@ CKPT_RE = re.compile(r"^ckpt-(\d+)\.pt$")
 #: can start (22 bytes plus a comment of at most 65,535): a file without it was cut short.
 ZIP_END = b"PK\x05\x06"
 ZIP_TAIL = 22 + 65535
-TMP_MARK = ".tmp."
 CORRUPT_SUFFIX = ".corrupt"
 #: Checkpoints saved after a run's last good one, set aside when it diverged (trainer.divergence).
 DIVERGED_SUFFIX = ".diverged"
@@ -131,36 +132,17 @@ def _zip_crc_off() -> Iterator[None]:
         setter(before)
 
 
-def fsync_dir(folder: Path) -> None:
-    """Persist a rename: the directory entry itself must reach the disk."""
-    fd = os.open(folder, os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def atomic_save(obj: Any, path: str | os.PathLike[str]) -> str:
     """Write ``obj`` to ``path`` so that ``path`` is either the old file or the whole new one.
 
     The file is ``torch.save``'s bytes plus a footer holding their checksum (see ``FOOTER_MARK``);
     returns its hex digits. An ``OSError`` (``ENOSPC`` on a full disk) leaves no temporary file.
     """
-    path = Path(path)
-    tmp = path.with_name(f"{path.name}{TMP_MARK}{os.getpid()}")
-    try:
-        with open(tmp, "wb") as handle, ThreadPoolExecutor(_THREADS) as pool, _zip_crc_off():
-            writer = _HashingWriter(handle, pool)
-            torch.save(obj, writer)  # type: ignore[arg-type]  # any object with write() will do
-            hexdigest = writer.hexdigest()
-            handle.write(FOOTER_MARK + hexdigest.encode() + b"\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    fsync_dir(path.parent)
+    with atomic_file(path) as handle, ThreadPoolExecutor(_THREADS) as pool, _zip_crc_off():
+        writer = _HashingWriter(handle, pool)
+        torch.save(obj, writer)  # type: ignore[arg-type]  # any object with write() will do
+        hexdigest = writer.hexdigest()
+        handle.write(FOOTER_MARK + hexdigest.encode() + b"\n")
     return hexdigest
 
 

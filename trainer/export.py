@@ -45,9 +45,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import trainer
 from trainer.finite import describe_tensors, nonfinite_tensors
 from trainer.gcs import storage_client
+from trainer.run_folder import CHECKPOINTS_DIR, MODEL_DIR, atomic_path, write_atomic
+from trainer.version import __version__
 
 if TYPE_CHECKING:  # torch is imported where tensors are handled: forja reads model.json without it
     import torch
@@ -55,8 +56,8 @@ if TYPE_CHECKING:  # torch is imported where tensors are handled: forja reads mo
 
 log = logging.getLogger(__name__)
 
-#: The exported model's folder inside a run folder, and its bucket prefix beside ``checkpoints/``.
-MODEL_DIR = "model"
+# The exported model's folder inside a run folder, and its bucket prefix beside ``checkpoints/``, is
+# trainer.run_folder.MODEL_DIR; the names inside it are the model folder's own (any --out folder too).
 WEIGHTS = "model.safetensors"
 CONFIG = "model.json"
 #: What model.json's ``format`` says, and the version of its fields this trainer writes and reads.
@@ -153,20 +154,6 @@ def _main_dtype(tensors: Mapping[str, torch.Tensor]) -> str:
     return max(counts, key=lambda k: counts[k]) if counts else "none"
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    from trainer.checkpoint import TMP_MARK
-
-    tmp = path.with_name(f"{path.name}{TMP_MARK}{os.getpid()}")
-    try:
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def export_state(
     state: Mapping[str, Any],
     config: Mapping[str, Any],
@@ -184,8 +171,6 @@ def export_state(
     import torch
     from safetensors.torch import save_file
 
-    from trainer.checkpoint import TMP_MARK, fsync_dir
-
     if not config.get("model"):
         raise ExportError("the run's config names no model (model: package.module:factory)")
     tensors, tied = flatten_state(state)
@@ -195,14 +180,8 @@ def export_state(
     folder.mkdir(parents=True, exist_ok=True)
     (folder / CONFIG).unlink(missing_ok=True)  # from here on the folder is incomplete until the end
     weights = folder / WEIGHTS
-    tmp = weights.with_name(f"{WEIGHTS}{TMP_MARK}{os.getpid()}")
-    try:
+    with atomic_path(weights) as tmp:
         save_file(tensors, str(tmp), metadata={"format": "pt"})
-        with open(tmp, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, weights)
-    finally:
-        tmp.unlink(missing_ok=True)
     info = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -218,12 +197,11 @@ def export_state(
         "step": int(step),
         "run": run,
         "checkpoint": checkpoint,
-        "trainer_version": trainer.__version__,
+        "trainer_version": __version__,
         "torch_version": str(torch.__version__),
         "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
-    _write_atomic(folder / CONFIG, (json.dumps(info, indent=2) + "\n").encode())
-    fsync_dir(folder)
+    write_atomic(folder / CONFIG, json.dumps(info, indent=2) + "\n")  # then the folder is fsynced
     return Exported(folder, info)
 
 
@@ -241,7 +219,7 @@ def export_run(
     run = Path(os.path.expanduser(str(run_dir))).resolve()
     if not run.is_dir():
         raise ExportError(f"run folder {run} does not exist (give the run's out_dir, e.g. runs/digits)")
-    ckpts = CheckpointManager(run / "checkpoints")
+    ckpts = CheckpointManager(run / CHECKPOINTS_DIR)
     if not ckpts.list():
         raise ExportError(
             f"run folder {run} has no checkpoint to export (none in {ckpts.folder}); train it first, "

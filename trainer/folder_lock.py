@@ -19,7 +19,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-LOCK_FILE = ".trainer.lock"
+from trainer.run_folder import TRAINER_LOCK
 
 
 class FolderLocked(Exception):
@@ -30,7 +30,7 @@ class FolderLocked(Exception):
 def folder_lock(out: Path) -> Iterator[None]:
     """Hold ``out``'s trainer lock while the block runs; :class:`FolderLocked` when another holds it."""
     out.mkdir(parents=True, exist_ok=True)
-    path = out / LOCK_FILE
+    path = out / TRAINER_LOCK
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:

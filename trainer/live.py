@@ -12,8 +12,9 @@ the server's thread, so they are as fresh as the scrape and the loop never sampl
 
 The port: ``FORJA_METRICS_PORT`` (the host contract's ``metrics_port``, which trainer_run puts in the
 run's environment), or the next free one of ``FORJA_METRICS_PORTS`` ports when a concurrent run
-holds it; the port taken goes to ``<run dir>/live.json`` as ``{"port": N, "pid": P}`` (port 0:
-any free one). Without ``FORJA_METRICS_PORT`` (a run started by hand) no port is opened. Rank 0 only.
+holds it; the port taken goes to ``<run dir>/live.json`` (trainer.run_folder.LIVE, written whole) as
+``{"port": N, "pid": P}`` (port 0: any free one). Without ``FORJA_METRICS_PORT`` (a run started by
+hand) no port is opened. Rank 0 only.
 
 The metric names are an interface (forja's `forja/live.py` reads them); keep them as they are.
 """
@@ -34,12 +35,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from trainer.run_folder import LIVE, write_atomic
+
 log = logging.getLogger(__name__)
 
 #: Environment variables trainer_run sets (run.env): the first port and how many to try.
 PORT_ENV, PORTS_ENV = "FORJA_METRICS_PORT", "FORJA_METRICS_PORTS"
-#: The file a reader finds the run's port in, inside the run folder.
-LIVE_FILE = "live.json"
 #: The phases ``forja_train_phase{phase=...}`` reports (1 for the current one, 0 for the others).
 PHASES = ("setup", "train", "eval")
 #: Where the endpoint listens: the loopback alone (the tunnel forwards it; nothing else may reach it).
@@ -142,10 +143,7 @@ class LiveMetrics:
             except OSError:
                 continue
             port = self.port = int(self.server.server_port)  # port 0 asks the system for any free one
-            path = self.out / LIVE_FILE
-            tmp = path.with_name(LIVE_FILE + ".tmp")
-            tmp.write_text(json.dumps({"port": port, "pid": os.getpid()}))
-            tmp.replace(path)
+            write_atomic(self.out / LIVE, json.dumps({"port": port, "pid": os.getpid()}))
             log.info("live metrics on http://%s:%d/metrics", BIND, port)
             return port
         log.warning("live metrics off: ports %d-%d are all taken", first_port, first_port + ports - 1)
@@ -181,7 +179,7 @@ class LiveMetrics:
             self.server.server_close()
             self.server = None
             with contextlib.suppress(OSError):
-                (self.out / LIVE_FILE).unlink()
+                (self.out / LIVE).unlink()
 
 
 def start(out: Path, run: str, is_main: bool) -> LiveMetrics | None:

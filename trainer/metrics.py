@@ -19,6 +19,7 @@ import psutil
 import torch
 
 from trainer import figures, finite
+from trainer.run_folder import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +88,7 @@ def truncate_after(path: Path, step: int) -> dict[str, Any] | None:
     if not records:
         return None
     kept = [r for r in records if int(r.get("step", 0)) <= step]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(finite.dumps(r, separators=(",", ":")) + "\n" for r in kept))
-    tmp.replace(path)
+    write_atomic(path, "".join(finite.dumps(r, separators=(",", ":")) + "\n" for r in kept))
     return records[-1]
 
 

@@ -62,14 +62,20 @@ from typing import Any, BinaryIO
 from trainer.checkpoint import (
     CKPT_RE,
     CORRUPT_SUFFIX,
-    TMP_MARK,
     CheckpointManager,
     CorruptCheckpoint,
     footer_digest,
-    fsync_dir,
     verify_checkpoint,
 )
 from trainer.gcs import run_prefix, storage_client
+from trainer.run_folder import (
+    CHECKPOINTS_DIR,
+    LOGS,
+    LOGS_DIR,
+    SUMMARY,
+    atomic_path,
+    write_atomic,
+)
 
 log = logging.getLogger(__name__)
 
@@ -88,12 +94,10 @@ DIGEST_ALGORITHM = "sha256-8MiB-blocks"
 CHUNK_SIZE = 32 << 20
 #: Seconds to wait for the network on each request (connect, read) before the attempt counts as failed.
 REQUEST_TIMEOUT_S = (10.0, 120.0)
-#: The run folder's logs mirrored to ``PREFIX/<run>/logs/<name>`` (the run's history, see above).
-LOG_FILES = ("events.jsonl", "metrics.jsonl")
-#: The run's summary (trainer.report.write_summary, replaced whole) goes up beside the logs, so a run
-#: whose disk is gone (a Vertex AI replica, a deleted VM) still has it in the bucket; it is not
-#: restored at a start: the session that ends writes its own.
-SUMMARY_FILE = "summary.json"
+# The run folder's logs (trainer.run_folder.LOGS) are mirrored to ``PREFIX/<run>/logs/<name>`` (the
+# run's history, see above). Its summary (run_folder.SUMMARY, trainer.report.write_summary, replaced
+# whole) goes up beside them, so a run whose disk is gone (a Vertex AI replica, a deleted VM) still
+# has it in the bucket; it is not restored at a start: the session that ends writes its own.
 MARKER_RE = re.compile(r"^ckpt-(\d+)\.pt" + re.escape(MARKER_SUFFIX) + "$")
 
 
@@ -191,8 +195,8 @@ class CheckpointMirror:
 
     ``keep``: markers kept in the bucket (older checkpoints are deleted after a new one is marked);
     0 keeps all. The retry delays double from ``retry_initial_s`` to ``retry_max_s``. ``run_dir``:
-    the run folder whose logs (:data:`LOG_FILES`) go to ``logs/`` beside ``checkpoints/``, and come
-    back at a start on a fresh disk; None mirrors checkpoints only.
+    the run folder whose logs (:data:`trainer.run_folder.LOGS`) go to ``logs/`` beside
+    ``checkpoints/``, and come back at a start on a fresh disk; None mirrors checkpoints only.
     """
 
     def __init__(
@@ -207,8 +211,8 @@ class CheckpointMirror:
         run_dir: Path | None = None,
     ) -> None:
         self.bucket_name, root = run_prefix(url, run)
-        self.prefix = f"{root}checkpoints/"
-        self.logs_prefix = f"{root}logs/"
+        self.prefix = f"{root}{CHECKPOINTS_DIR}/"
+        self.logs_prefix = f"{root}{LOGS_DIR}/"
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.keep = keep
         self.chunk_size = chunk_size
@@ -286,9 +290,8 @@ class CheckpointMirror:
 
         folder.mkdir(parents=True, exist_ok=True)
         dest = folder / f"ckpt-{marker.step}.pt"
-        tmp = dest.with_name(f"{dest.name}{TMP_MARK}{os.getpid()}")
         blob = self.bucket().blob(marker.name, generation=marker.generation)
-        try:
+        with atomic_path(dest) as tmp:  # fsynced and renamed into place at the end, the folder fsynced
             try:
                 blob.download_to_filename(str(tmp), timeout=REQUEST_TIMEOUT_S)
             except gexc.NotFound as exc:
@@ -306,14 +309,8 @@ class CheckpointMirror:
                 )
             if not verify_checkpoint(tmp):  # the content against the footer: the bytes themselves
                 raise CorruptCheckpoint(f"{marker.name}: has no checksum footer")
-            with open(tmp, "rb+") as handle:
-                os.fsync(handle.fileno())
             if dest.exists():
                 dest.rename(dest.with_name(dest.name + CORRUPT_SUFFIX))
-            os.replace(tmp, dest)
-        finally:
-            tmp.unlink(missing_ok=True)
-        fsync_dir(folder)
         return dest
 
     def pull_newer(self, ckpts: CheckpointManager) -> Path | None:
@@ -377,15 +374,15 @@ class CheckpointMirror:
         """A start on a fresh disk: the bucket's logs into the run folder; the names downloaded.
 
         Call it before the session writes anything to the run folder (rank 0); uploads of the logs
-        wait for it. Only when the folder holds none of :data:`LOG_FILES` (a disk that kept its logs
-        knows at least as much: they are never overwritten). Both are read before either is written,
-        each through a temporary file renamed into place. When the bucket's logs cannot be read, this
-        session does not upload its own (they would replace a history it never saw): a warning says
-        so, and a later call tries again.
+        wait for it. Only when the folder holds none of :data:`trainer.run_folder.LOGS` (a disk that
+        kept its logs knows at least as much: they are never overwritten). Both are read before either
+        is written, each through a temporary file renamed into place. When the bucket's logs cannot be
+        read, this session does not upload its own (they would replace a history it never saw): a
+        warning says so, and a later call tries again.
         """
         if self.run_dir is None or self._logs_held is None:
             return []
-        if any((self.run_dir / name).exists() for name in LOG_FILES):
+        if any((self.run_dir / name).exists() for name in LOGS):
             self._logs_held = None
             return []
         found: dict[str, bytes] = {}
@@ -393,7 +390,7 @@ class CheckpointMirror:
             from google.api_core import exceptions as gexc
 
             bucket = self.bucket()
-            for name in LOG_FILES:
+            for name in LOGS:
                 with contextlib.suppress(gexc.NotFound):
                     found[name] = bucket.blob(self.logs_prefix + name).download_as_bytes(
                         timeout=REQUEST_TIMEOUT_S
@@ -421,7 +418,7 @@ class CheckpointMirror:
         if self.run_dir is None or self._logs_held is not None:
             return False
         ok = True
-        for name in (*LOG_FILES, SUMMARY_FILE):
+        for name in (*LOGS, SUMMARY):
             try:
                 data = (self.run_dir / name).read_bytes()
             except FileNotFoundError:
@@ -437,7 +434,7 @@ class CheckpointMirror:
             try:
                 self.bucket().blob(self.logs_prefix + name).upload_from_string(
                     data,
-                    content_type="application/json" if name == SUMMARY_FILE else "application/x-ndjson",
+                    content_type="application/json" if name == SUMMARY else "application/x-ndjson",
                     retry=None,
                     timeout=REQUEST_TIMEOUT_S,
                 )
@@ -707,23 +704,10 @@ def _unstage(job: _Job) -> None:
 def _write_new(path: Path, data: bytes) -> bool:
     """Write ``data`` to ``path`` through a temporary file renamed into place; never over an existing file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}{TMP_MARK}{os.getpid()}")
     try:
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        try:
-            os.link(tmp, path)  # fails when the file appeared meanwhile: it is kept
-        except FileExistsError:
-            return False
-        except OSError:  # no hard links here: a rename, after one more look
-            if path.exists():
-                return False
-            os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    fsync_dir(path.parent)
+        write_atomic(path, data, replace=False)
+    except FileExistsError:  # it appeared meanwhile: it is kept
+        return False
     return True
 
 

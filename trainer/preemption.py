@@ -16,10 +16,10 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
-#: What `forja stop` leaves in the run's folder before it stops the unit (roles/trainer_run/tasks/
-#: stop.yml). A SIGTERM is a SIGTERM: without it, the user's own stop counted as a preemption, and
-#: `preemptions` then said the VM was taken away when it never was.
-STOP_REQUESTED = ".forja-stop-requested"
+# What `forja stop` leaves in the run's folder before it stops the unit (trainer.run_folder's
+# STOP_REQUESTED, roles/trainer_run/tasks/stop.yml). A SIGTERM is a SIGTERM: without it, the user's own
+# stop counted as a preemption, and `preemptions` then said the VM was taken away when it never was.
+from trainer.run_folder import STOP_REQUESTED
 
 
 def stopped_by(run_dir: Path) -> dict[str, Any]:

@@ -7,18 +7,31 @@ Preemptions are drawn as vertical lines so lost work is visible on every plot.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from trainer import finite
+from trainer import finite, metrics
 from trainer.metrics import numbered_jsonl
+from trainer.run_folder import (
+    EVENTS,
+    METRICS,
+    PLOT_COST,
+    PLOT_FILES,
+    PLOT_LOSS,
+    PLOT_THROUGHPUT,
+    PLOT_UTILISATION,
+    PLOTS_DIR,
+    SUMMARY,
+    write_atomic,
+)
 from trainer.summary import Summary
 
-PLOTS = ("loss.png", "throughput.png", "utilisation.png", "cost.png")
 #: The metrics fields report draws or adds up: each a number, or null (not measured, or not finite).
 DRAWN = ("loss", "lr", "samples_per_s", "step_time_s", "data_wait_s", "gpu_util", "cpu_util", "cost_usd",
          "wall_s")  # fmt: skip
@@ -94,11 +107,7 @@ def _written_summary(path: Path) -> dict[str, Any]:
 
 def write_summary(run: Path, summary: dict[str, Any]) -> Path:
     """summary.json, replaced atomically (a reader never sees half a file)."""
-    path = run / "summary.json"
-    tmp = path.with_name(f"summary.json.tmp.{os.getpid()}")
-    tmp.write_text(finite.dumps(summary, indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)
-    return path
+    return write_atomic(run / SUMMARY, finite.dumps(summary, indent=2, sort_keys=True) + "\n")
 
 
 def render(run: str | os.PathLike[str]) -> dict[str, Any]:
@@ -111,12 +120,12 @@ def render(run: str | os.PathLike[str]) -> dict[str, Any]:
     folder = Path(run)
     if folder.exists() and not folder.is_dir():
         raise RunFolderError(f"{folder} is a file, not a run folder (the trainer's out_dir)")
-    rows = _metrics(folder / "metrics.jsonl")
+    rows = _metrics(folder / METRICS)
     if not rows:
-        raise FileNotFoundError(f"{folder / 'metrics.jsonl'} has no metrics: is --run a trainer run folder?")
-    resumes, evals = _events(folder / "events.jsonl")
-    written = _written_summary(folder / "summary.json")
-    plots = folder / "plots"
+        raise FileNotFoundError(f"{folder / METRICS} has no metrics: is --run a trainer run folder?")
+    resumes, evals = _events(folder / EVENTS)
+    written = _written_summary(folder / SUMMARY)
+    plots = folder / PLOTS_DIR
     plots.mkdir(exist_ok=True)
     steps = [r["step"] for r in rows]
 
@@ -155,7 +164,7 @@ def render(run: str | os.PathLike[str]) -> dict[str, Any]:
 
     losses = [r.get("loss") for r in rows]
     figure(
-        "loss.png",
+        PLOT_LOSS,
         "Loss",
         [("training loss", losses)],
         "loss (log scale)",
@@ -163,16 +172,16 @@ def render(run: str | os.PathLike[str]) -> dict[str, Any]:
         log_y=all(v is not None and v > 0 for v in losses) and all(e["eval_loss"] > 0 for e in evals),
     )
     figure(
-        "throughput.png", "Throughput", [("samples/s", [r.get("samples_per_s") for r in rows])], "samples/s"
+        PLOT_THROUGHPUT, "Throughput", [("samples/s", [r.get("samples_per_s") for r in rows])], "samples/s"
     )
     figure(
-        "utilisation.png",
+        PLOT_UTILISATION,
         "Utilisation",
         [("GPU %", [r.get("gpu_util") for r in rows]), ("CPU %", [r.get("cpu_util") for r in rows])],
         "percent",
         ylim=(0, 105),
     )
-    figure("cost.png", "Cumulative cost", [("USD", [r.get("cost_usd") for r in rows])], "USD")
+    figure(PLOT_COST, "Cumulative cost", [("USD", [r.get("cost_usd") for r in rows])], "USD")
 
     written.setdefault("status", "unknown (no summary: the run may still be going or was killed)")
     summary = Summary.from_dict(written).to_dict()
@@ -187,6 +196,46 @@ def render(run: str | os.PathLike[str]) -> dict[str, Any]:
     summary["median_data_wait_fraction"] = (
         statistics.median(r["data_wait_s"] / r["step_time_s"] for r in timed) if timed else None
     )
-    summary["plots"] = [f"plots/{name}" for name in PLOTS]
+    summary["plots"] = [f"{PLOTS_DIR}/{name}" for name in PLOT_FILES]
     write_summary(folder, summary)
     return summary
+
+
+def history(events_path: Path) -> dict[str, Any]:
+    """Preemptions, stops, restarts and lost steps over all sessions of a run folder, from events.jsonl.
+
+    A session's last word is finish, preempt or fail (the bucket mirror's report after it ends
+    nothing). A session that ended with ``preempt`` (a SIGTERM with a clean save: a Spot preemption,
+    a maintenance stop) counts as a preemption, unless `forja stop` asked for it (``requested_by``,
+    trainer.preemption.STOP_REQUESTED): that is a stop. One that crashed (``fail``) or was killed
+    with no last word (SIGKILL, the OOM killer, a power cut) is a restart.
+    """
+    sessions: list[list[dict[str, Any]]] = []
+    for event in metrics.read_jsonl(events_path):
+        if event.get("event") in ("start", "resume") or not sessions:
+            sessions.append([])
+        sessions[-1].append(event)
+    said = [[e for e in s if e.get("event") != "mirror"] or s for s in sessions[:-1]]
+    last = [s[-1] for s in said]
+    lost = sum(int(e.get("lost_steps", 0)) for s in sessions for e in s if e.get("event") == "resume")
+    saved = [e for e in last if e.get("event") == "preempt"]
+    stops = sum(1 for e in saved if e.get("requested_by"))
+    return {"preemptions": len(saved) - stops, "stops": stops,
+            "restarts": sum(1 for e in last if e.get("event") not in ("finish", "preempt")),
+            "lost_steps": lost}  # fmt: skip
+
+
+def record_failure(out: Path, exc: BaseException) -> None:
+    """summary.json says 'failed' with the error; events.jsonl closes the session with 'fail'."""
+    from trainer.errors import exit_code_for
+
+    earlier: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        earlier = json.loads((out / SUMMARY).read_text())
+    summary = Summary.from_dict(earlier if isinstance(earlier, dict) else {})
+    summary.status, summary.error = "failed", f"{type(exc).__name__}: {exc}"
+    summary.exit_code, summary.time = exit_code_for(exc), time.time()
+    write_summary(out, summary.to_dict())
+    events = metrics.JsonLines(out / EVENTS)
+    events.write({"event": "fail", "time": time.time(), "error": f"{type(exc).__name__}: {exc}"})
+    events.close()

@@ -105,6 +105,7 @@ from trainer.mirror import (
     bucket_url,
 )
 from trainer.preemption import StopRequest, forget_stop_request, stopped_by
+from trainer.run_folder import CHECKPOINTS_DIR, CONFIG, EVENTS, METRICS
 
 __all__ = [
     "BAD_CONFIG",
@@ -171,7 +172,7 @@ class Contract:
         return cls(
             run=env.get("FORJA_RUN") or run_dir.name,
             run_dir=run_dir,
-            checkpoint_dir=Path(env.get("FORJA_CHECKPOINT_DIR") or run_dir / "checkpoints"),
+            checkpoint_dir=Path(env.get("FORJA_CHECKPOINT_DIR") or run_dir / CHECKPOINTS_DIR),
             resume_from=Path(resume) if resume else None,
             price_per_hour=price_per_hour,
             rank=_int(env, "RANK", 0),
@@ -391,16 +392,16 @@ class Run:
         record = dict(self.config)
         if self.total_steps is not None:
             record["steps"] = int(self.total_steps)  # forja's status reads the run's length here
-        (out / "config.yaml").write_text(yaml.safe_dump(record, sort_keys=False))
-        restarted = path is not None or any(True for _ in metrics.read_jsonl(out / "events.jsonl"))
+        (out / CONFIG).write_text(yaml.safe_dump(record, sort_keys=False))
+        restarted = path is not None or any(True for _ in metrics.read_jsonl(out / EVENTS))
         lost = 0
         if restarted:
-            last = metrics.truncate_after(out / "metrics.jsonl", self.start_step)
+            last = metrics.truncate_after(out / METRICS, self.start_step)
             if last is not None:
                 lost = max(0, int(last.get("step", self.start_step)) - self.start_step)
                 carried_s = max(carried_s, float(last.get("wall_s", 0.0)))
-        self._metrics = metrics.JsonLines(out / "metrics.jsonl")
-        self._events = metrics.JsonLines(out / "events.jsonl")
+        self._metrics = metrics.JsonLines(out / METRICS)
+        self._events = metrics.JsonLines(out / EVENTS)
         if self.world.is_main:
             forget_stop_request(out)
         if restarted:
@@ -556,9 +557,8 @@ class Run:
                    last_error=stats.last_error)  # fmt: skip
 
     def _finish(self, exc: BaseException | None) -> None:
-        from trainer.report import render, write_summary
+        from trainer.report import history, record_failure, render, write_summary
         from trainer.summary import Summary
-        from trainer.train import history, record_failure
 
         for handle in (self._metrics, self._events):
             if handle is not None:
@@ -566,7 +566,7 @@ class Run:
         if exc is not None and not isinstance(exc, Diverged):
             record_failure(self.run_dir, exc)
             return
-        past = history(self.run_dir / "events.jsonl")
+        past = history(self.run_dir / EVENTS)
         ckpts = self.checkpoints.list()
         wall = self._clock.total_s()
         summary = Summary(
@@ -590,7 +590,7 @@ class Run:
             time=time.time(),
         )
         write_summary(self.run_dir, summary.to_dict())
-        if self.render_plots and metrics.logged_any(self.run_dir / "metrics.jsonl"):
+        if self.render_plots and metrics.logged_any(self.run_dir / METRICS):
             try:
                 render(self.run_dir)
             except Exception as exc:  # plots are insight; a missing matplotlib must not fail a finished run

@@ -24,6 +24,7 @@ from trainer.config import ConfigError, TrainConfig
 from trainer.data import StepSource, choose_workers, is_stream
 from trainer.errors import user_code
 from trainer.imports import build, check_arguments, load_callable
+from trainer.run_folder import COMPILE_CACHE_DIR
 
 log = logging.getLogger(__name__)
 
@@ -154,5 +155,5 @@ def compile_cache_dir(config: TrainConfig, out_dir: Path) -> Path:
     return (
         Path(os.path.expanduser(config.compile_cache_dir))
         if config.compile_cache_dir
-        else out_dir / "compile-cache"
+        else out_dir / COMPILE_CACHE_DIR
     )

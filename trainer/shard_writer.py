@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from trainer.shards import SUFFIX, TENSOR_DTYPE, TENSOR_SHAPE
+from trainer.shard_format import SUFFIX, TENSOR_DTYPE, TENSOR_SHAPE
 
 Rows = pa.Table | pa.RecordBatch | Mapping[str, Any]
 
@@ -30,7 +30,7 @@ Rows = pa.Table | pa.RecordBatch | Mapping[str, Any]
 def table_from_arrays(columns: Mapping[str, Any]) -> pa.Table:
     """Numpy arrays (first axis: samples) as a table. A sample that is itself an array (an image, a
     token block) is stored as raw bytes, ``fixed_size_binary``, with its dtype and shape in the
-    field's metadata (:data:`trainer.shards.TENSOR_DTYPE`): Parquet stores a list column with two
+    field's metadata (:data:`trainer.shard_format.TENSOR_DTYPE`): Parquet stores a list column with two
     16-bit levels per value, which for uint8 pixels measured 4x the data in memory when read."""
     fields, arrays = [], []
     for name, value in columns.items():

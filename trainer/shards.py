@@ -58,10 +58,10 @@ from trainer.config import ConfigError
 from trainer.data import BatchPlan, StepSource, StreamPosition, epoch_seed
 from trainer.errors import UserCodeError
 from trainer.gcs import storage_client
+from trainer.shard_format import SUFFIX, TENSOR_DTYPE, TENSOR_SHAPE
 
 log = logging.getLogger(__name__)
 
-SUFFIX = ".parquet"
 DAMAGED = ".damaged"  # a shard found not to match its manifest hash: the note says so to the other workers
 MANIFEST = "manifest.json"
 BLOBS = "datasets/blobs"
@@ -69,8 +69,6 @@ DEFAULT_CACHE = "~/.cache/forja/shards"
 #: Where a bucket's shards are cached when data_args.cache_dir is not set (a local NVMe disk).
 CACHE_ENV = "FORJA_SHARD_CACHE"
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
-#: Field metadata of a tensor column (fixed_size_binary, written by trainer.shard_writer).
-TENSOR_DTYPE, TENSOR_SHAPE = b"forja.dtype", b"forja.shape"
 
 
 @dataclass(frozen=True)

@@ -30,12 +30,11 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-import trainer
 from trainer import distributed, exit_codes, finite, live, metrics
 from trainer import resume as resume_rules
 from trainer.batch_finder import BatchResult, find_batch, free_memory, is_oom, model_fingerprint
 from trainer.batches import correct_count, to_device
-from trainer.checkpoint import CheckpointManager, NoValidCheckpoint, fsync_dir, rng_state, set_rng_state
+from trainer.checkpoint import CheckpointManager, NoValidCheckpoint, rng_state, set_rng_state
 from trainer.config import ConfigError, TrainConfig, dump, field_docs
 from trainer.data import (
     BatchPlan,
@@ -59,14 +58,16 @@ from trainer.mirror import PREEMPTED_UPLOAD_WAIT_S, CheckpointMirror, MirrorUnav
 from trainer.optim import Schedule, build_optimizer
 from trainer.precision import make_amp
 from trainer.preemption import StopRequest, forget_stop_request, stopped_by
+from trainer.report import history, record_failure
+from trainer.run_folder import CHECKPOINTS_DIR, CONFIG, EVENTS, METRICS, OOM_RECORD, write_atomic
 from trainer.runtime import Runtime, compile_cache_dir, prepare
 from trainer.summary import Summary
+from trainer.version import __version__
 
 log = logging.getLogger(__name__)
 
-#: Under DDP, the micro-batch an OOM lowered, left in the output folder for the restart (see
-#: write_oom_record): the rank that ran out of memory cannot retry alone, its peers wait in a collective.
-OOM_RECORD = "oom.json"
+# Under DDP, the micro-batch an OOM lowered is left in the output folder for the restart (OOM_RECORD,
+# see write_oom_record): the rank that ran out of memory cannot retry alone, its peers wait in a collective.
 #: How a session that ends normally exits, by the status it ends with (trainer.exit_codes).
 EXIT_CODES = {"completed": exit_codes.COMPLETED, "preempted": exit_codes.PREEMPTED,
               "diverged": exit_codes.DIVERGED}  # fmt: skip
@@ -212,13 +213,7 @@ def oom_at_micro_batch_1(step: int, exc: BaseException) -> UserCodeError:
 def write_oom_record(out: Path, record: dict[str, Any]) -> None:
     """Leave ``record`` in ``out/oom.json`` for the restart: the file is the old one or the whole new one."""
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f"{OOM_RECORD}.tmp-{os.getpid()}"
-    with open(tmp, "w") as handle:
-        json.dump(record, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, out / OOM_RECORD)
-    fsync_dir(out)
+    write_atomic(out / OOM_RECORD, json.dumps(record))
 
 
 def read_oom_record(out: Path) -> dict[str, Any] | None:
@@ -243,30 +238,6 @@ def newest_oom_lowering(global_batch: int, *sources: dict[str, Any] | None) -> d
         if s and int(s.get("oom_micro_batch", 0)) > 0 and int(s.get("global_batch", 0)) == global_batch
     ]
     return min(kept, key=lambda s: int(s["oom_micro_batch"]), default=None)
-
-
-def history(events_path: Path) -> dict[str, Any]:
-    """Preemptions, stops, restarts and lost steps over all sessions of a run folder, from events.jsonl.
-
-    A session's last word is finish, preempt or fail (the bucket mirror's report after it ends
-    nothing). A session that ended with ``preempt`` (a SIGTERM with a clean save: a Spot preemption,
-    a maintenance stop) counts as a preemption, unless `forja stop` asked for it (``requested_by``,
-    trainer.preemption.STOP_REQUESTED): that is a stop. One that crashed (``fail``) or was killed
-    with no last word (SIGKILL, the OOM killer, a power cut) is a restart.
-    """
-    sessions: list[list[dict[str, Any]]] = []
-    for event in metrics.read_jsonl(events_path):
-        if event.get("event") in ("start", "resume") or not sessions:
-            sessions.append([])
-        sessions[-1].append(event)
-    said = [[e for e in s if e.get("event") != "mirror"] or s for s in sessions[:-1]]
-    last = [s[-1] for s in said]
-    lost = sum(int(e.get("lost_steps", 0)) for s in sessions for e in s if e.get("event") == "resume")
-    saved = [e for e in last if e.get("event") == "preempt"]
-    stops = sum(1 for e in saved if e.get("requested_by"))
-    return {"preemptions": len(saved) - stops, "stops": stops,
-            "restarts": sum(1 for e in last if e.get("event") not in ("finish", "preempt")),
-            "lost_steps": lost}  # fmt: skip
 
 
 def train(
@@ -331,23 +302,6 @@ def make_mirror(rt: Runtime, out: Path) -> CheckpointMirror | None:
     return mirror
 
 
-def record_failure(out: Path, exc: BaseException) -> None:
-    """summary.json says 'failed' with the error; events.jsonl closes the session with 'fail'."""
-    from trainer.errors import exit_code_for
-    from trainer.report import write_summary
-
-    earlier: dict[str, Any] = {}
-    with contextlib.suppress(OSError, ValueError):
-        earlier = json.loads((out / "summary.json").read_text())
-    summary = Summary.from_dict(earlier if isinstance(earlier, dict) else {})
-    summary.status, summary.error = "failed", f"{type(exc).__name__}: {exc}"
-    summary.exit_code, summary.time = exit_code_for(exc), time.time()
-    write_summary(out, summary.to_dict())
-    events = metrics.JsonLines(out / "events.jsonl")
-    events.write({"event": "fail", "time": time.time(), "error": f"{type(exc).__name__}: {exc}"})
-    events.close()
-
-
 def _train(
     rt: Runtime,
     out: Path,
@@ -371,7 +325,7 @@ def _train(
     net = build_net(rt, feed.plan, total_steps)
 
     # -- resume from the newest checkpoint that loads (rank 0 reads, everyone receives)
-    ckpts = CheckpointManager(out / "checkpoints", keep=config.keep_checkpoints,
+    ckpts = CheckpointManager(out / CHECKPOINTS_DIR, keep=config.keep_checkpoints,
                               allow_legacy=config.allow_legacy_checkpoints)  # fmt: skip
     saved = read_checkpoint(rt, out, ckpts, mirror)
     model_code = model_fingerprint(rt.model_fn)
@@ -382,7 +336,7 @@ def _train(
     # -- run files (rank 0 only): resolved config, metrics (redone steps dropped), events
     # A folder with earlier sessions but no loadable checkpoint is a restart from step 0, not a new run.
     restarted = saved.state is not None or (
-        world.is_main and any(True for _ in metrics.read_jsonl(out / "events.jsonl"))
+        world.is_main and any(True for _ in metrics.read_jsonl(out / EVENTS))
     )
     events, metric_log, lost_steps, wall_s = open_run_files(rt, out, resolved, start, restarted)
     if saved.state is not None:
@@ -659,13 +613,13 @@ def open_run_files(
     events = metric_log = None
     lost_steps, wall_s = 0, start.wall_s
     if rt.world.is_main:
-        events = metrics.JsonLines(out / "events.jsonl")
-        (out / "config.yaml").write_text(dump(resolved))
-        last = metrics.truncate_after(out / "metrics.jsonl", start.step) if restarted else None
+        events = metrics.JsonLines(out / EVENTS)
+        (out / CONFIG).write_text(dump(resolved))
+        last = metrics.truncate_after(out / METRICS, start.step) if restarted else None
         if last is not None:
             lost_steps = max(0, int(last.get("step", start.step)) - start.step)
             wall_s = max(wall_s, float(last.get("wall_s", 0.0)))
-        metric_log = metrics.JsonLines(out / "metrics.jsonl")
+        metric_log = metrics.JsonLines(out / METRICS)
     wall_s = distributed.agree_max(rt.world, [wall_s])[0]
     return events, metric_log, lost_steps, wall_s
 
@@ -989,7 +943,7 @@ def save_checkpoint(p: Parts, s: LoopState, reason: str) -> None:
                 "oom_micro_batch": plan.micro_batch if s.oom_fallbacks else 0,
                 "oom_fallbacks": s.oom_fallbacks,
                 "torch_version": str(torch.__version__),
-                "trainer_version": trainer.__version__,
+                "trainer_version": __version__,
             },
             s.step,
         )
@@ -1074,7 +1028,7 @@ def write_run_summary(p: Parts, s: LoopState, loop_s: float) -> dict[str, Any]:
     p.events.close()
     rt, plan = p.rt, s.feed.plan
     samples_per_s = (s.step - s.loop_start_step) * plan.global_batch / max(loop_s, 1e-9)
-    past = history(p.out / "events.jsonl")
+    past = history(p.out / EVENTS)
     ckpt_files = p.ckpts.list()
     wall_s = s.clock.total_s()  # read once: the summary's cost is exactly its wall time at the rate
     summary = Summary(
@@ -1111,7 +1065,7 @@ def write_run_summary(p: Parts, s: LoopState, loop_s: float) -> dict[str, Any]:
     ).to_dict()
     write_summary(p.out, summary)
     # a run that diverged before its first log step has no metrics to draw
-    if p.config.render_plots and metrics.logged_any(p.out / "metrics.jsonl"):
+    if p.config.render_plots and metrics.logged_any(p.out / METRICS):
         try:
             render(p.out)
         except Exception as exc:  # plots are insight; a missing matplotlib must not fail a finished run

@@ -34,6 +34,7 @@ from forja.cost.cluster import fleet_rate
 from forja.cost.prices import PriceTable
 from forja.cost.spend import Instance, disk_month_usd, parse_time
 from forja.history import RunEvent, RunRecord
+from trainer import run_folder
 
 #: History events after which the VM came back for the run (forja/managed.py records them).
 BACK_EVENTS = ("restarted", "zone_moved")
@@ -118,8 +119,8 @@ class RunFiles:
                 return {}
             return data if isinstance(data, dict) else {}
 
-        return cls(lines("events.jsonl"), lines("metrics.jsonl"), mapping("summary.json", json.loads),
-                   mapping("config.yaml", yaml.safe_load))
+        return cls(lines(run_folder.EVENTS), lines(run_folder.METRICS),
+                   mapping(run_folder.SUMMARY, json.loads), mapping(run_folder.CONFIG, yaml.safe_load))
 
 
 def _stamp(value: str | None) -> float | None:

@@ -6,9 +6,10 @@ and the vendored uPlot under ``static/``); it reads four JSON endpoints:
 
 - ``/api/runs``: the history's runs with their status, cost (forja.cost.run), preemptions, zone moves;
 - ``/api/runs/{id}``: one run: its cost part by part, its history events, its summary, its final plots;
-- ``/api/live``: every serving run's live metrics (`Forja.live`, through the tunnel), collected here
+- ``/api/live``: every serving run's live metrics (`forja.live.samples`, through the tunnel), collected here
   once a second into a series per run, so a chart survives a reload of the page;
-- ``/api/vm``: the VMs' state and spend (`Forja.cost`), read at most every 30 s (it asks the cloud).
+- ``/api/vm``: the VMs' state and spend (`forja.cost_report.cost`), read at most every 30 s (it asks
+  the cloud).
 
 The token: random per start unless given (``FORJA_UI_TOKEN`` or ``--token-file``, never on the
 command line, where ``ps`` shows it), shown once in the URL `forja ui` prints. The page keeps it in
@@ -43,18 +44,16 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from forja import errors
+from forja import cost_report, errors, live
 from forja.format import plain
-from forja.ui import views
-from trainer import finite
+from forja.ui import DEFAULT_PORT, views
+from trainer import finite, run_folder
 
 if TYPE_CHECKING:
-    from forja.api import Forja
+    from forja.session import Session
 
 #: Where the dashboard listens: the loopback alone, always.
 BIND = "127.0.0.1"
-#: Its default port (Jupyter's 8888 and the runs' metrics ports 8890-8899 stay free).
-DEFAULT_PORT = 8877
 #: Environment variable that gives the token instead of a random one.
 TOKEN_ENV = "FORJA_UI_TOKEN"
 STATIC = Path(__file__).with_name("static")
@@ -73,12 +72,12 @@ HEADERS = {
 
 
 class Dashboard:
-    """What the page shows, read from a `Forja`: the history, the live series, the VMs (cached)."""
+    """What the page shows, read from a session: the history, the live series, the VMs (cached)."""
 
     def __init__(
-        self, forja: Forja, metrics_urls: Sequence[str] | None = None, interval_s: float = 1.0
+        self, session: Session, metrics_urls: Sequence[str] | None = None, interval_s: float = 1.0
     ) -> None:
-        self.forja = forja
+        self.session = session
         self.metrics_urls = list(metrics_urls) if metrics_urls else None
         self.interval_s = interval_s
         self.series: dict[str, deque[dict[str, Any]]] = {}
@@ -90,7 +89,7 @@ class Dashboard:
     # -- live metrics --------------------------------------------------------------------------
     def poll_live(self) -> None:
         """One reading of every serving run, appended to its series."""
-        samples = self.forja.live(urls=self.metrics_urls, timeout=min(2.0, max(0.5, self.interval_s)))
+        samples = live.samples(urls=self.metrics_urls, timeout=min(2.0, max(0.5, self.interval_s)))
         with self._lock:
             for sample in samples:
                 data = sample.to_dict()
@@ -119,17 +118,17 @@ class Dashboard:
 
     # -- the VMs ------------------------------------------------------------------------------
     def vm(self, fresh: bool = False) -> dict[str, Any]:
-        """The VMs' state and spend (`Forja.cost` over the inventory), at most every VM_EVERY_S."""
+        """The VMs' state and spend (`forja.cost_report.cost` of the inventory), at most every VM_EVERY_S."""
         if not fresh and self._vm is not None and time.monotonic() - self._vm[0] < VM_EVERY_S:
             return self._vm[1]
         instances: list[dict[str, Any]] = []
-        if not self.forja.inventory:
+        if not self.session.inventory:
             report: dict[str, Any] = {"error": "no inventory named (forja -i ... ui, or FORJA_INVENTORY): "
                                                "the VM's state and spend are not known"}
         else:
             try:
-                instances = self.forja._instances_if_named()
-                report = self.forja.cost(instances).as_dict()
+                instances = self.session.instances_if_named()
+                report = cost_report.cost(self.session, instances).as_dict()
                 for line in report["instances"]:
                     line["shown"] = views.vm(line)
             except errors.ForjaError as exc:
@@ -150,7 +149,7 @@ class Dashboard:
         if key in self._costs:
             return self._costs[key]
         try:
-            found: Any = self.forja.run_cost(record.run_id, self.instances())
+            found: Any = cost_report.run_cost(self.session, record.run_id, self.instances())
         except errors.ForjaError as exc:
             found = exc.message
         if record.ended_at:
@@ -159,10 +158,10 @@ class Dashboard:
 
     def runs(self) -> list[dict[str, Any]]:
         rows = []
-        for record in self.forja.history.list(limit=100):
+        for record in self.session.history.list(limit=100):
             cost = self._cost(record)
             usd = cost.total_usd if not isinstance(cost, str) else record.cost_usd
-            events = self.forja.history.events(record.run_id)
+            events = self.session.history.events(record.run_id)
             rows.append({
                 **plain(record),
                 "cost_usd": usd,
@@ -175,12 +174,12 @@ class Dashboard:
     def run(self, run_id: str) -> dict[str, Any]:
         from forja.cost.run import RunFiles
 
-        record = self.forja.history.get(run_id)
+        record = self.session.history.get(run_id)
         cost = self._cost(record)
         files = RunFiles.read(record.artifact_dir)
         return {
             "record": plain(record),
-            "events": [{**plain(e), "shown": views.event(e)} for e in self.forja.history.events(run_id)],
+            "events": [{**plain(e), "shown": views.event(e)} for e in self.session.history.events(run_id)],
             "cost": cost if isinstance(cost, str) else {**plain(cost), "shown": views.cost(cost)},
             "summary": files.summary,
             "plots": [p.name for p in self.plots(record)],
@@ -188,7 +187,7 @@ class Dashboard:
 
     def plots(self, record: Any) -> list[Path]:
         """The run's final plots, as fetched (its artifact folder's plots/*.png)."""
-        folder = Path(record.artifact_dir) / "plots" if record.artifact_dir else None
+        folder = Path(record.artifact_dir) / run_folder.PLOTS_DIR if record.artifact_dir else None
         return sorted(folder.glob("*.png")) if folder is not None and folder.is_dir() else []
 
 
@@ -263,7 +262,7 @@ def make_app(board: Dashboard, token: str, *, collect: bool = True) -> Starlette
 
     async def plot(request: Request) -> Response:
         try:
-            record = board.forja.history.get(request.path_params["run_id"])
+            record = board.session.history.get(request.path_params["run_id"])
         except errors.RunNotFound as exc:
             return FiniteJSON({"error": exc.message}, status_code=404)
         by_name = {p.name: p for p in board.plots(record)}  # only files listed: no path from the URL
@@ -332,7 +331,7 @@ def listen(port: int) -> socket.socket:
 
 
 def serve(
-    forja: Forja,
+    session: Session,
     *,
     port: int = DEFAULT_PORT,
     token: str | None = None,
@@ -343,7 +342,7 @@ def serve(
     """Serve the dashboard until interrupted (Ctrl-C); `say` gets the one URL with the token."""
     sock = listen(port)
     token = token or os.environ.get(TOKEN_ENV, "").strip() or secrets.token_urlsafe(24)
-    board = Dashboard(forja, metrics_urls, interval_s)
+    board = Dashboard(session, metrics_urls, interval_s)
     config = uvicorn.Config(make_app(board, token), log_level="warning", access_log=False, lifespan="on")
     say(f"forja ui: http://{BIND}:{sock.getsockname()[1]}/?token={token}")
     uvicorn.Server(config).run(sockets=[sock])

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from forja import errors, inventory, runstate
-from forja.api import Forja, _status
+from forja.api import Forja, TrainStatus
 from forja.history import History
 
 REPO = Path(__file__).resolve().parents[2]
@@ -97,9 +97,10 @@ def test_status_rows_carry_the_rank_and_the_elastic_restarts_where_the_state_has
                            "nnodes": 2, "elastic": {"restart_count": 1, "max_restarts": 3}})
     alone = runstate.parse({"forja_train_state": 1, "run": "r", "status": "running"})
     assert node is not None and alone is not None
-    row = _status("forja-elastic-1", node)
+    row = TrainStatus.from_state("forja-elastic-1", node)
     assert (row.node_rank, row.nnodes, row.elastic_restarts) == (1, 2, 1)
-    assert (_status("forja-l4", alone).nnodes, _status("forja-l4", alone).elastic_restarts) == (1, None)
+    one = TrainStatus.from_state("forja-l4", alone)
+    assert (one.nnodes, one.elastic_restarts) == (1, None)
 
 
 def test_the_runs_of_an_inventory_are_each_cluster_and_each_vm_outside_one(listed: Path) -> None:

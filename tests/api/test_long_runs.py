@@ -26,6 +26,7 @@ from forja.api import Forja
 from forja.errors import ExitCode
 from forja.history import History
 from forja_sandbox import testhosts
+from trainer import run_folder
 
 pytestmark = [pytest.mark.hosts, pytest.mark.slow, pytest.mark.timeout(2400)]
 FORJA = str(Path(sys.executable).parent / "forja")
@@ -112,7 +113,7 @@ def wait_for_steps(
     that ends first, or a run that never trains, fails with what the command and the unit said."""
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
-        if ssh(host, f"sudo cat /var/lib/forja/runs/{run}/metrics.jsonl 2>/dev/null || true").strip():
+        if ssh(host, f"sudo cat /var/lib/forja/runs/{run}/{run_folder.METRICS} 2>/dev/null || true").strip():
             return
         if command.poll() is not None:
             break

@@ -15,6 +15,7 @@ from apihosts import REPO, write_inventory
 from forja import errors
 from forja.api import Forja
 from forja.history import History
+from trainer import run_folder
 
 DIGITS = REPO / "trainer" / "configs" / "digits.yaml"
 
@@ -49,13 +50,13 @@ def test_a_replacement_the_host_never_took_is_undone(ghost: Forja) -> None:
     ghost.history.update("digits", status="completed", ended_at="2026-11-28T10:00:00+00:00", steps=300,
                          artifact_dir=str(ghost.results_dir("digits") / "ghost"))
     (ghost.results_dir("digits") / "ghost").mkdir(parents=True)
-    (ghost.results_dir("digits") / "ghost" / "summary.json").write_text("{}")
+    (ghost.results_dir("digits") / "ghost" / run_folder.SUMMARY).write_text("{}")
     before = (ghost.history.get("digits"), ghost.history.events("digits"))
     with pytest.raises(errors.HostUnreachable):
         ghost.train(DIGITS, name="digits", replace=True)
     assert (ghost.history.get("digits"), ghost.history.events("digits")) == before
     assert [r.run_id for r in ghost.history.list()] == ["digits"]
-    assert (ghost.results_dir("digits") / "ghost" / "summary.json").is_file()
+    assert (ghost.results_dir("digits") / "ghost" / run_folder.SUMMARY).is_file()
 
 
 def test_a_running_run_is_not_replaced(ghost: Forja) -> None:

@@ -18,6 +18,7 @@ from forja import events as ev
 from forja.api import Forja
 from forja.history import History
 from forja_sandbox import testhosts
+from trainer import run_folder
 
 # The first test pays for booting th6 and building its trainer environment on the image's PyTorch.
 pytestmark = [pytest.mark.hosts, pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -59,10 +60,10 @@ def test_training_the_digits_demo_brings_back_metrics_plots_and_summary(trained:
     assert result.summary["steps"] == 300 and result.summary["accuracy"] >= 0.9
     folder = result.artifact_dir
     assert folder is not None and folder.name == "th6"
-    lines = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (folder / run_folder.METRICS).read_text().splitlines()]
     assert lines[-1]["step"] == 300 and {"loss", "lr", "samples_per_s"} <= set(lines[-1])
-    assert list((folder / "plots").glob("*.png"))
-    assert json.loads((folder / "summary.json").read_text())["status"] == "completed"
+    assert list((folder / run_folder.PLOTS_DIR).glob("*.png"))
+    assert json.loads((folder / run_folder.SUMMARY).read_text())["status"] == "completed"
     assert not list(folder.rglob("*.pt")), "checkpoints come back only when asked"
 
 
@@ -104,7 +105,7 @@ def test_iter_events_streams_any_method_then_its_result(forja: Forja, trained: t
 def test_fetching_again_changes_nothing(forja: Forja, trained: tuple, workspace: Path) -> None:
     first = forja.fetch("digits-api", dest=workspace / "again")
     second = forja.fetch("digits-api", dest=workspace / "again")
-    assert (workspace / "again" / "th6" / "summary.json").is_file()
+    assert (workspace / "again" / "th6" / run_folder.SUMMARY).is_file()
     assert first.changed_tasks and not second.changed_tasks
 
 
@@ -187,9 +188,10 @@ def test_replace_keeps_the_completed_run_aside_and_starts_afresh_under_its_name(
     new = forja.history.get("digits-api")
     assert (new.steps, new.preemptions) == (30, 0)
     assert "preempted" not in [e.kind for e in forja.history.events("digits-api")]
-    on_host = ssh(th6, f"sudo cat /var/lib/forja/runs/{aside.run_id}/summary.json")
+    on_host = ssh(th6, f"sudo cat /var/lib/forja/runs/{aside.run_id}/{run_folder.SUMMARY}")
     assert json.loads(on_host)["steps"] == 300
     # its fetched results moved with it (the history points at the newest fetch, wherever it went)
-    assert json.loads((forja.results_dir(aside.run_id) / "th6" / "summary.json").read_text())["steps"] == 300
+    moved = forja.results_dir(aside.run_id) / "th6" / run_folder.SUMMARY
+    assert json.loads(moved.read_text())["steps"] == 300
     assert aside.artifact_dir
-    assert json.loads((Path(aside.artifact_dir) / "summary.json").read_text())["steps"] == 300
+    assert json.loads((Path(aside.artifact_dir) / run_folder.SUMMARY).read_text())["steps"] == 300

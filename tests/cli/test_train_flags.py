@@ -10,10 +10,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from forja.api import Forja, _plan_run
+from forja.api import Forja
 from forja.cli import app
 from forja.errors import ConfigError, ExitCode
 from forja.history import History
+from forja.training import plan_run
 
 REPO = Path(__file__).resolve().parents[2]
 DIGITS = str(REPO / "trainer/configs/digits.yaml")
@@ -102,7 +103,7 @@ def test_a_wait_limit_given_with_e_is_checked_not_ignored(home: Path) -> None:
 
 
 def test_the_script_and_its_arguments_become_the_role_s_command(project: Path) -> None:
-    plan = _plan_run(None, "src/loop.py", ["--lr", "3e-4"], project)
+    plan = plan_run(None, "src/loop.py", ["--lr", "3e-4"], project)
     assert plan.extravars == {"trainer_run_command": ["src/loop.py", "--lr", "3e-4"]}
     assert plan.name_source.stem == "loop", "the run name defaults from the script's name"
 
@@ -110,13 +111,13 @@ def test_the_script_and_its_arguments_become_the_role_s_command(project: Path) -
 def test_a_script_may_come_with_a_config(project: Path) -> None:
     config = project / "c.yaml"
     config.write_text(yaml.safe_dump({"steps": 1}))
-    plan = _plan_run(config, project / "train.py", [], project)
+    plan = plan_run(config, project / "train.py", [], project)
     assert plan.extravars == {"trainer_run_config": str(config), "trainer_run_command": ["train.py"]}
 
 
 def test_a_script_needs_a_project_to_travel_with(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
-        _plan_run(None, "train.py", [], None)
+        plan_run(None, "train.py", [], None)
     assert info.value.field == "script" and "--project" in info.value.message
 
 
@@ -138,8 +139,8 @@ def test_detach_on_an_inventory_without_gpu_hosts_fails_and_records_the_run_name
 
 def test_following_has_no_limit_unless_one_is_asked_for(tmp_path: Path) -> None:
     f = Forja(project_dir=tmp_path, history=History(tmp_path / "h.sqlite"))
-    assert f._follow_limit(None) is None and f._follow_limit(0) is None
-    assert f._follow_limit(90) == 90
+    assert f.follow_limit(None) is None and f.follow_limit(0) is None
+    assert f.follow_limit(90) == 90
     limited = Forja(project_dir=tmp_path, history=f.history, extravars={"trainer_run_wait_timeout_s": 7200})
-    assert limited._follow_limit(None) == 7200, "-e trainer_run_wait_timeout_s is the limit, not overridden"
-    assert limited._follow_limit(60) == 60, "an explicit --timeout wins"
+    assert limited.follow_limit(None) == 7200, "-e trainer_run_wait_timeout_s is the limit, not overridden"
+    assert limited.follow_limit(60) == 60, "an explicit --timeout wins"

@@ -2,8 +2,8 @@
 
 Real parts: the built-in trainer trains the digits demo on the CPU into a run folder (its events,
 metrics and config as a host writes them), the run is in a real history file with the watcher's
-events, and prices come from forja's own table (forja/cost/prices.yaml, read here as plain YAML so
-the expected figures do not come from the code under test).
+events, and prices come from forja's own table (plugins/module_utils/forja_gcp_prices.json, read
+here as plain JSON so the expected figures do not come from the code under test).
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ from forja.api import Forja
 from forja.cost.run import PARTS
 from forja.errors import ConfigError, ExitCode
 from forja.history import History
+from trainer import run_folder
 
 REPO = Path(__file__).resolve().parents[2]
-TABLE = yaml.safe_load((REPO / "forja/cost/prices.yaml").read_text())
+TABLE = json.loads((REPO / "plugins/module_utils/forja_gcp_prices.json").read_text())
 RATE = TABLE["machine_types"]["g2-standard-8"]["us-east1"]["on_demand"]
 DISK_GB_MONTH = TABLE["disks"]["pd-balanced"]["us-east1"]["per_gb_month"]
 HOURS_PER_MONTH = TABLE.get("hours_per_month", 730)
@@ -90,7 +91,7 @@ def test_the_parts_are_measured_and_add_up_to_the_time_up(ran: dict[str, Any]) -
 
 
 def test_evaluation_is_what_the_trainer_timed(ran: dict[str, Any]) -> None:
-    events = [json.loads(line) for line in (ran["out"] / "events.jsonl").read_text().splitlines()]
+    events = [json.loads(line) for line in (ran["out"] / run_folder.EVENTS).read_text().splitlines()]
     timed = [e["seconds"] for e in events if e["event"] in ("eval", "finish")]
     assert len(timed) == STEPS // EVAL_EVERY, "two evaluations in the loop and the final one"
     cost = ran["forja"].run_cost("digits-a", [VM])

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from trainer import run_folder
 from trainer.cli import _parser
 from trainer.config import load
 
@@ -62,7 +63,7 @@ def launch(tmp_path: Path, config: dict, price: str | None) -> list[str]:
         ["bash", str(LAUNCHER)], env=env, capture_output=True, text=True, timeout=60, check=False
     )
     assert run.returncode == 0, run.stderr
-    assert (tmp_path / "out" / "COMPLETED").exists()
+    assert (tmp_path / "out" / run_folder.COMPLETED_MARKER).exists()
     return argv_file.read_text().splitlines()
 
 

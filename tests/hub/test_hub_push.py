@@ -26,6 +26,7 @@ from forja.api import Forja
 from forja.history import History
 from forja.hub import TOKENS_PAGE, push_model, read_token
 from forja_sandbox.hub_standin import HubStandIn, Token
+from trainer import run_folder
 from trainer.demo import digits_cnn
 from trainer.export import CONFIG, WEIGHTS, export_state, load_model, load_state, sha256_file
 
@@ -49,7 +50,8 @@ def model_dir(tmp_path: Path) -> Path:
     torch.manual_seed(0)
     model = digits_cnn(width=4, hidden=8)
     config = {"model": "trainer.demo:digits_cnn", "model_args": {"width": 4, "hidden": 8}}
-    return export_state(model.state_dict(), config, tmp_path / "run" / "model", step=7, run="run").folder
+    folder = tmp_path / "run" / run_folder.MODEL_DIR
+    return export_state(model.state_dict(), config, folder, step=7, run="run").folder
 
 
 def outputs(model: torch.nn.Module) -> torch.Tensor:
@@ -166,8 +168,8 @@ def test_forja_model_push_finds_the_fetched_model_takes_the_token_from_the_envir
     project = tmp_path / "project"
     fetched = project / "forja-runs" / "run1" / "forja-l4"
     fetched.mkdir(parents=True)
-    model_dir.rename(fetched / "model")
-    (fetched / "summary.json").write_text(json.dumps({"status": "completed"}))
+    model_dir.rename(fetched / run_folder.MODEL_DIR)
+    (fetched / run_folder.SUMMARY).write_text(json.dumps({"status": "completed"}))
 
     done = forja_cli("--json", "model", "push", "run1", "--repo", "alice/cli", project=project,
                      HF_TOKEN="hf_alice_write", HF_ENDPOINT=hub.url)  # fmt: skip

@@ -26,8 +26,7 @@ from typer.testing import CliRunner
 
 from forja import live
 from forja.cli import app
-from trainer import exit_codes
-from trainer import live as trainer_live
+from trainer import exit_codes, run_folder
 
 RUN = "live-test"
 runner = CliRunner()
@@ -41,7 +40,7 @@ class Serving:
 
     @property
     def live_json(self) -> dict:
-        return json.loads((self.out / trainer_live.LIVE_FILE).read_text())
+        return json.loads((self.out / run_folder.LIVE).read_text())
 
     @property
     def url(self) -> str:
@@ -84,7 +83,7 @@ def serving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serving]:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     out = Path(raw["out_dir"])
     try:
-        until(lambda: (out / trainer_live.LIVE_FILE).is_file() or proc.poll() is not None, 120, "live.json")
+        until(lambda: (out / run_folder.LIVE).is_file() or proc.poll() is not None, 120, "live.json")
         assert proc.poll() is None, proc.communicate()[0]
         yield Serving(proc, first, out)
     finally:
@@ -161,6 +160,6 @@ def test_a_stopped_run_stops_serving_and_removes_live_json(serving: Serving) -> 
     serving.proc.send_signal(signal.SIGTERM)
     out, _ = serving.proc.communicate(timeout=120)
     assert serving.proc.returncode == exit_codes.PREEMPTED, out
-    assert not (serving.out / trainer_live.LIVE_FILE).exists()
+    assert not (serving.out / run_folder.LIVE).exists()
     with pytest.raises(live.LiveError):
         live.scrape(url, timeout=2)

@@ -26,6 +26,7 @@ import yaml
 from trainer_helpers import subprocess_env, tiny_digits, until
 
 from forja import live
+from trainer import run_folder
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).parent
@@ -61,9 +62,9 @@ def serving_run(tmp: Path, run: str, **overrides: Any) -> Iterator[str]:
     proc = subprocess.Popen([sys.executable, "-m", "trainer", "train", "--config", str(config)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
-        until(lambda: (out / "live.json").is_file() or proc.poll() is not None, 120, f"{run}'s live.json")
+        until(lambda: (out / run_folder.LIVE).is_file() or proc.poll() is not None, 120, f"{run}'s live.json")
         assert proc.poll() is None, f"{run} exited with {proc.returncode}"
-        url = live.live_url(json.loads((out / "live.json").read_text())["port"])
+        url = live.live_url(json.loads((out / run_folder.LIVE).read_text())["port"])
         until(lambda: (live.scrape(url).step or 0) > 0, 60, f"{run}'s first step")
         yield url
     finally:
@@ -106,7 +107,7 @@ def test_a_hung_run_whose_endpoint_went_silent_is_judged_on_its_last_progress(tm
     with serving_run(tmp_path, "frozen") as url:
         config = agent_config(tmp_path / "runs", stall_action="stop", dry_run=True)
         assert check(config, "frozen") == []  # seen once, making progress
-        pid = json.loads((tmp_path / "runs" / "frozen" / "live.json").read_text())["pid"]
+        pid = json.loads((tmp_path / "runs" / "frozen" / run_folder.LIVE).read_text())["pid"]
         os.kill(pid, signal.SIGSTOP)
         try:
             with pytest.raises(live.LiveError):

@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 from forja_sandbox import hostlayers, testhosts
+from trainer import run_folder
 
 pytestmark = [pytest.mark.hosts, pytest.mark.slow]
 
@@ -118,7 +119,7 @@ def test_trainer_run_trains_and_fetches_the_results_at_no_cloud_price(machine):
     rc, out = machine.play("playbooks/train.yml", "-e", f"trainer_run_config={config}",
                            "-e", f"trainer_run_fetch_dir={results}", "-e", "forja_history_record=false")
     assert rc == 0, out[-3000:]
-    summary = json.loads((results / f"th{INDEX}" / "summary.json").read_text())
+    summary = json.loads((results / f"th{INDEX}" / run_folder.SUMMARY).read_text())
     assert (summary["status"], summary["cost_usd"]) == ("completed", 0.0)
     assert summary["steps"] == summary["total_steps"] > 0
 
@@ -176,7 +177,7 @@ def test_the_forja_command_trains_lists_and_prices_the_own_machine(machine, tmp_
         return proc
 
     forja("train", str(ROOT / "trainer" / "configs" / "digits.yaml"), "--name", "own-digits")
-    assert (tmp_path / "forja-runs" / "own-digits" / f"th{INDEX}" / "summary.json").is_file()
+    assert (tmp_path / "forja-runs" / "own-digits" / f"th{INDEX}" / run_folder.SUMMARY).is_file()
     runs = json.loads(forja("--json", "runs").stdout)
     assert [(r["name"], r["status"], r["hosts"], r["cost_usd"]) for r in runs] == [
         ("own-digits", "completed", [f"th{INDEX}"], 0.0)]

@@ -32,6 +32,8 @@ import pytest
 import testsandbox
 import yaml
 
+from trainer import run_folder
+
 pytestmark = [pytest.mark.hosts, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -215,7 +217,7 @@ def test_node_1_was_lost_and_came_back_through_systemd(trained) -> None:
 
 def test_node_0s_elastic_agent_restarted_within_its_budget(trained) -> None:
     results, _, _, _ = trained
-    elastic = json.loads((results / "elastic.json").read_text())
+    elastic = json.loads((results / run_folder.ELASTIC).read_text())
     assert 1 <= elastic["restart_count"] <= elastic["max_restarts"] == MAX_RESTARTS, elastic
     # RANK 0 stayed on node 0, and both nodes trained again
     assert (elastic["rank"], elastic["world_size"], elastic["nodes"]) == (0, 2, 2), elastic
@@ -223,11 +225,11 @@ def test_node_0s_elastic_agent_restarted_within_its_budget(trained) -> None:
 
 def test_training_resumed_from_a_checkpoint_and_completed_on_both_nodes(trained) -> None:
     results, _, _, _ = trained
-    events = [json.loads(line) for line in (results / "events.jsonl").read_text().splitlines()]
+    events = [json.loads(line) for line in (results / run_folder.EVENTS).read_text().splitlines()]
     resumed = [e for e in events if e["event"] == "resume"]
     assert len(resumed) == 1 and resumed[0]["resumed_from_step"] >= 200, resumed
     assert resumed[0]["world_size"] == 2
-    summary = json.loads((results / "summary.json").read_text())
+    summary = json.loads((results / run_folder.SUMMARY).read_text())
     assert (summary["status"], summary["steps"], summary["world_size"]) == ("completed", STEPS, 2), summary
     assert summary["resumed_from_step"] == resumed[0]["resumed_from_step"] and summary["accuracy"] >= 0.85
 

@@ -52,6 +52,7 @@ from forja.api import Forja
 from forja.history import History
 from forja_sandbox import colab, iap, service, testhosts
 from forja_sandbox.tunnel import port_is_free, ssh_tunnel
+from trainer import run_folder
 
 pytestmark = [pytest.mark.hosts, pytest.mark.slow]
 
@@ -150,16 +151,16 @@ def test_stock_out_moves_the_vm_to_the_fallback_zone(first_run: subprocess.Compl
 
 def test_the_demo_trained_and_its_results_were_fetched(first_run: subprocess.CompletedProcess[str]) -> None:
     results = ROOT / "results" / "digits" / "forja-l4"
-    summary = json.loads((results / "summary.json").read_text())
+    summary = json.loads((results / run_folder.SUMMARY).read_text())
     assert summary["status"] == "completed"
     assert summary["accuracy"] >= 0.85
-    assert (results / "metrics.jsonl").stat().st_size > 0
-    assert list((results / "plots").glob("*.png"))
+    assert (results / run_folder.METRICS).stat().st_size > 0
+    assert list((results / run_folder.PLOTS_DIR).glob("*.png"))
     # the model without forja's checkpoint format came back too, and rebuilds here
     from trainer.export import load_model
 
-    model = load_model(results / "model")
-    assert json.loads((results / "model" / "model.json").read_text())["step"] == summary["steps"]
+    model = load_model(results / run_folder.MODEL_DIR)
+    assert json.loads((results / run_folder.MODEL_DIR / "model.json").read_text())["step"] == summary["steps"]
     assert model(torch.zeros(2, 1, 8, 8)).shape == (2, 10)
     assert "Training: completed" in first_run.stdout
     assert "Colab: open the tunnel with: ssh -N -L 8888:127.0.0.1:8888" in first_run.stdout
@@ -424,7 +425,7 @@ def test_data_in_and_a_live_run_watched_through_the_tunnel(
     assert stopped.returncode == 0, stopped.stdout[-2000:] + stopped.stderr[-2000:]
     # the role left its stop request before the SIGTERM: the trainer counts a stop, not a preemption
     (vm,) = _instances()
-    said = _on_host(vm, f"sudo grep -h '\"preempt\"' /var/lib/forja/runs/{LIVE_RUN}/events.jsonl")
+    said = _on_host(vm, f"sudo grep -h '\"preempt\"' /var/lib/forja/runs/{LIVE_RUN}/{run_folder.EVENTS}")
     assert [json.loads(line).get("requested_by") for line in said.splitlines()] == ["forja stop"], said
     priced = _forja("--json", "cost", "--run", "shards-streamed", cwd=project)
     assert priced.returncode == 0, priced.stdout[-2000:] + priced.stderr[-2000:]
@@ -785,7 +786,7 @@ def own_loop_run(first_run: subprocess.CompletedProcess[str], tmp_path_factory: 
     assert (started["run_id"], started["status"], started["detached"]) == (name, "running", "detach")
 
     (vm,) = _instances()
-    metrics = f"/var/lib/forja/runs/{name}/metrics.jsonl"
+    metrics = f"/var/lib/forja/runs/{name}/{run_folder.METRICS}"
     deadline = time.monotonic() + 300
     # The last metrics line, read over SSH: a `forja status` a second (a playbook each) kept a core busy
     while _last_step(_on_host(vm, f"sudo tail -n 1 {metrics} 2>/dev/null")) < OWN_PREEMPT_AT:
@@ -821,9 +822,9 @@ def test_the_example_project_resumes_from_its_own_checkpoint_after_a_maintenance
 
     results = run.project / "forja-runs" / run.name / "forja-l4"
     assert Path(followed["artifact_dir"]).resolve() == results.resolve()
-    steps = [json.loads(line)["step"] for line in (results / "metrics.jsonl").read_text().splitlines()]
+    steps = [json.loads(line)["step"] for line in (results / run_folder.METRICS).read_text().splitlines()]
     assert steps == list(range(10, OWN_STEPS + 1, 10)), "each step logged once: no restart from 0, no repeat"
-    events = [json.loads(line) for line in (results / "events.jsonl").read_text().splitlines()]
+    events = [json.loads(line) for line in (results / run_folder.EVENTS).read_text().splitlines()]
     assert [e["resumed_from_step"] for e in events if e.get("event") == "resume"] == [resumed], events
     logs = _forja("logs", run.name, "--lines", "2000", cwd=run.project)  # both boots' journal
     assert logs.returncode == 0, logs.stdout[-2000:] + logs.stderr[-2000:]

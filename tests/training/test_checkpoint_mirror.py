@@ -22,17 +22,17 @@ import torch
 from trainer_helpers import REPO, objects, subprocess_env, tiny_digits
 
 from forja_sandbox.storage_emulator import StorageEmulator
-from trainer import runlib
+from trainer import run_folder, runlib
 from trainer.checkpoint import CheckpointManager, atomic_save, footer_digest
 from trainer.config import ConfigError, validate
-from trainer.mirror import LOG_FILES, MARKER_SUFFIX, PARTIAL, SUMMARY_FILE, CheckpointMirror, Marker
+from trainer.mirror import MARKER_SUFFIX, PARTIAL, CheckpointMirror, Marker
 from trainer.train import train
 
 storage = pytest.importorskip("google.cloud.storage")
 
 
 def events(run: Path, kind: str) -> list[dict[str, Any]]:
-    lines = (run / "events.jsonl").read_text().splitlines()
+    lines = (run / run_folder.EVENTS).read_text().splitlines()
     return [e for e in map(json.loads, lines) if e["event"] == kind]
 
 
@@ -55,7 +55,7 @@ def test_a_run_mirrors_every_checkpoint_with_a_marker_that_carries_its_checksum(
     )
     result = train(validate(raw))
     assert result.status == "completed"
-    local = tmp_path / "run" / "checkpoints"
+    local = tmp_path / "run" / run_folder.CHECKPOINTS_DIR
     stored = objects(bucket, "exp/run/checkpoints/")
     markers = {name: json.loads(data) for name, data in stored.items() if name.endswith(MARKER_SUFFIX)}
     # Uploads faster than checkpoints: each is in the bucket. Slower: a waiting one gives way to the
@@ -79,7 +79,7 @@ def test_resume_from_the_bucket_with_the_disk_wiped_equals_the_local_resume(
     first = tiny_digits(tmp_path, steps=20, checkpoint_every_steps=10, checkpoint_bucket=url)
     train(validate(first))
     shutil.copytree(tmp_path / "run", tmp_path / "local")  # the same run, resumed from its own disk
-    shutil.rmtree(tmp_path / "run" / "checkpoints")  # a new VM: only the bucket has the checkpoints
+    shutil.rmtree(tmp_path / "run" / run_folder.CHECKPOINTS_DIR)  # a new VM: only the bucket has them
 
     train(validate({**first, "steps": 30, "checkpoint_bucket": url}))
     train(validate({**first, "steps": 30, "checkpoint_bucket": None, "out_dir": str(tmp_path / "local")}))
@@ -87,8 +87,8 @@ def test_resume_from_the_bucket_with_the_disk_wiped_equals_the_local_resume(
     for run in ("run", "local"):
         [resumed] = events(tmp_path / run, "resume")
         assert resumed["resumed_from_step"] == 20
-    from_bucket = CheckpointManager(tmp_path / "run" / "checkpoints").load_latest()
-    from_disk = CheckpointManager(tmp_path / "local" / "checkpoints").load_latest()
+    from_bucket = CheckpointManager(tmp_path / "run" / run_folder.CHECKPOINTS_DIR).load_latest()
+    from_disk = CheckpointManager(tmp_path / "local" / run_folder.CHECKPOINTS_DIR).load_latest()
     assert from_bucket is not None and from_disk is not None
     assert from_bucket.state["step"] == from_disk.state["step"] == 30
     for key in ("model", "optimizer", "scheduler", "rng"):
@@ -100,14 +100,14 @@ def test_the_mirrors_uploads_leave_the_runs_python_random_state_alone(tmp_path: 
     checkpoint saves would depend on when the network let an upload through (trainer/gcs.py)."""
     ckpts = CheckpointManager(tmp_path / "ckpts")
     mirror = CheckpointMirror(f"gs://{bucket.name}/exp", "run", run_dir=tmp_path)
-    (tmp_path / "events.jsonl").write_text('{"event": "start"}\n')
+    (tmp_path / run_folder.EVENTS).write_text('{"event": "start"}\n')
     assert mirror.restore_logs() == []  # this disk's logs are the run's: they go up from now on
     random.seed(7)
     before = random.getstate()
     for step in (1, 2, 3):  # each: the checkpoint, its marker and the logs, from the mirror's thread
         mirror.submit(ckpts.save({"step": step, "model": {"w": torch.arange(64.0)}}, step), step)
         assert mirror.wait(60)
-    (tmp_path / "events.jsonl").write_text('{"event": "start"}\n{"event": "end"}\n')
+    (tmp_path / run_folder.EVENTS).write_text('{"event": "start"}\n{"event": "end"}\n')
     assert mirror.upload_logs()  # and from this thread
     assert mirror.close(60)
     assert len(objects(bucket, "exp/run/checkpoints/")) >= 2 and objects(bucket, "exp/run/logs/")
@@ -312,12 +312,13 @@ def bucket_logs(bucket: Any, prefix: str) -> dict[str, bytes]:
 
 def run_logs(run: Path) -> dict[str, bytes]:
     """What the mirror uploads: the logs, and the summary once the run has written one."""
-    names = [*LOG_FILES, *([SUMMARY_FILE] if (run / SUMMARY_FILE).is_file() else [])]
+    names = [*run_folder.LOGS, *([run_folder.SUMMARY] if (run / run_folder.SUMMARY).is_file() else [])]
     return {name: (run / name).read_bytes() for name in names}
 
 
 def losses(run: Path) -> list[tuple[int, float]]:
-    return [(r["step"], r["loss"]) for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
+    lines = (run / run_folder.METRICS).read_text().splitlines()
+    return [(r["step"], r["loss"]) for r in map(json.loads, lines)]
 
 
 def test_a_resume_on_a_new_disk_counts_the_lost_disks_sessions_as_the_kept_disk_does(
@@ -350,8 +351,8 @@ def test_a_resume_on_a_new_disk_counts_the_lost_disks_sessions_as_the_kept_disk_
     assert moved.summary["lost_steps"] == kept.summary["lost_steps"] == 4  # steps 21-24, redone
     assert losses(run) == losses(tmp_path / "kept")
     assert [s for s, _ in losses(run)] == list(range(1, 31))
-    from_bucket = CheckpointManager(run / "checkpoints").load_latest()
-    from_disk = CheckpointManager(tmp_path / "kept" / "checkpoints").load_latest()
+    from_bucket = CheckpointManager(run / run_folder.CHECKPOINTS_DIR).load_latest()
+    from_disk = CheckpointManager(tmp_path / "kept" / run_folder.CHECKPOINTS_DIR).load_latest()
     assert from_bucket is not None and from_disk is not None
     for key in ("model", "optimizer", "scheduler", "rng"):
         assert tensors_equal(from_bucket.state[key], from_disk.state[key]), key
@@ -361,24 +362,26 @@ def test_local_logs_are_never_replaced_by_the_buckets(tmp_path: Path, bucket: An
     url = f"gs://{bucket.name}/exp"
     old = tmp_path / "old"
     old.mkdir()
-    (old / "events.jsonl").write_text('{"event":"start"}\n{"event":"preempt"}\n{"event":"resu')
-    (old / "metrics.jsonl").write_text('{"step":1}\n')
+    (old / run_folder.EVENTS).write_text('{"event":"start"}\n{"event":"preempt"}\n{"event":"resu')
+    (old / run_folder.METRICS).write_text('{"step":1}\n')
     writer = CheckpointMirror(url, "run", run_dir=old)
     assert not writer.upload_logs()  # not before the start compared the folder with the bucket
     assert writer.restore_logs() == [] and writer.upload_logs()
     uploaded = bucket_logs(bucket, "exp/run/logs/")
-    assert uploaded["events.jsonl"] == b'{"event":"start"}\n{"event":"preempt"}\n'  # whole lines only
+    assert uploaded[run_folder.EVENTS] == b'{"event":"start"}\n{"event":"preempt"}\n'  # whole lines only
 
     kept = tmp_path / "kept"  # a disk that kept one of the two: it is still this disk's history
     kept.mkdir()
-    (kept / "metrics.jsonl").write_text('{"step":9}\n')
-    CheckpointMirror(url, "run", run_dir=kept).sync_at_start(CheckpointManager(kept / "checkpoints"))
-    assert [p.name for p in kept.iterdir()] == ["metrics.jsonl"]
-    assert (kept / "metrics.jsonl").read_text() == '{"step":9}\n'
+    (kept / run_folder.METRICS).write_text('{"step":9}\n')
+    CheckpointMirror(url, "run", run_dir=kept).sync_at_start(
+        CheckpointManager(kept / run_folder.CHECKPOINTS_DIR))
+    assert [p.name for p in kept.iterdir()] == [run_folder.METRICS]
+    assert (kept / run_folder.METRICS).read_text() == '{"step":9}\n'
 
     fresh = tmp_path / "fresh"
-    CheckpointMirror(url, "run", run_dir=fresh).sync_at_start(CheckpointManager(fresh / "checkpoints"))
-    assert sorted(p.name for p in fresh.iterdir()) == sorted(LOG_FILES)  # no temporary file left
+    CheckpointMirror(url, "run", run_dir=fresh).sync_at_start(
+        CheckpointManager(fresh / run_folder.CHECKPOINTS_DIR))
+    assert sorted(p.name for p in fresh.iterdir()) == sorted(run_folder.LOGS)  # no temporary file left
     assert run_logs(fresh) == uploaded
 
 
@@ -404,11 +407,11 @@ def test_a_runlib_script_resumed_on_a_new_disk_keeps_its_history(tmp_path: Path,
     assert bucket_logs(bucket, "exp/run/logs/") == run_logs(tmp_path / "run")
     shutil.rmtree(tmp_path / "run")
     assert session().status == "completed"
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    summary = json.loads((tmp_path / "run" / run_folder.SUMMARY).read_text())
     assert (summary["resumed_from_step"], summary["preemptions"], summary["lost_steps"]) == (3, 1, 0)
     shutil.rmtree(tmp_path / "run")  # moved again, then run longer: a finished session is no preemption
     assert session(total=8).status == "completed"
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    summary = json.loads((tmp_path / "run" / run_folder.SUMMARY).read_text())
     assert (summary["resumed_from_step"], summary["preemptions"], summary["lost_steps"]) == (6, 1, 0)
-    steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    steps = [json.loads(line)["step"] for line in (tmp_path / "run" / run_folder.METRICS).open()]
     assert steps == list(range(1, 9))

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import save_file
 from trainer_helpers import tiny_digits
 
-from trainer import exit_codes, finite
+from trainer import exit_codes, finite, run_folder
 from trainer.checkpoint import CheckpointManager
 from trainer.cli import main
 from trainer.demo import digits_cnn
@@ -41,8 +41,8 @@ def train(tmp_path: Path, name: str, **overrides: Any) -> tuple[int, Path]:
 
 
 def run_files_are_strict_json(run: Path) -> None:
-    strict((run / "summary.json").read_text())
-    for name in ("metrics.jsonl", "events.jsonl"):
+    strict((run / run_folder.SUMMARY).read_text())
+    for name in run_folder.LOGS:
         for line in (run / name).read_text().splitlines():
             strict(line)
 
@@ -52,7 +52,7 @@ def test_lr_1e6_on_the_digits_demo_stops_at_the_first_nan_with_exit_7_and_export
 ) -> None:
     code, run = train(tmp_path, "diverging", lr=1e6, steps=40)
     assert code == exit_codes.DIVERGED and exit_codes.DIVERGED in exit_codes.NO_RESTART
-    summary = strict((run / "summary.json").read_text())
+    summary = strict((run / run_folder.SUMMARY).read_text())
     assert summary["status"] == "diverged" and summary["exit_code"] == exit_codes.DIVERGED
     divergence = summary["divergence"]
     first_bad = divergence["step"]
@@ -60,10 +60,10 @@ def test_lr_1e6_on_the_digits_demo_stops_at_the_first_nan_with_exit_7_and_export
     assert divergence["reason"] == f"loss is {divergence['loss']}" and divergence["loss"] in ("nan", "inf")
     assert divergence["last_finite_step"] == first_bad - 1 and math.isfinite(divergence["last_finite_loss"])
     assert summary["error"].startswith(f"diverged at step {first_bad}: loss is ")
-    assert not (run / "model").exists(), "a diverged run exports nothing"
+    assert not (run / run_folder.MODEL_DIR).exists(), "a diverged run exports nothing"
     run_files_are_strict_json(run)
     # one line per step (log_every_steps 1): every step before it had a finite loss
-    lines = list(read_jsonl(run / "metrics.jsonl"))
+    lines = list(read_jsonl(run / run_folder.METRICS))
     assert [line["step"] for line in lines] == list(range(1, first_bad))
     assert all(math.isfinite(line["loss"]) for line in lines)
 
@@ -71,30 +71,31 @@ def test_lr_1e6_on_the_digits_demo_stops_at_the_first_nan_with_exit_7_and_export
 def test_a_bad_batch_within_skip_nonfinite_is_skipped_and_the_run_completes_finite(tmp_path: Path) -> None:
     code, run = train(tmp_path, "skip", steps=12, loss=BAD_LOSS, loss_args={"calls": [5]}, skip_nonfinite=1)
     assert code == exit_codes.COMPLETED
-    skips = [e for e in read_jsonl(run / "events.jsonl") if e["event"] == "skip_nonfinite"]
+    skips = [e for e in read_jsonl(run / run_folder.EVENTS) if e["event"] == "skip_nonfinite"]
     assert [(e["loss"], e["skipped"]) for e in skips] == [("nan", 1)]
-    lines = {line["step"]: line for line in read_jsonl(run / "metrics.jsonl")}
+    lines = {line["step"]: line for line in read_jsonl(run / run_folder.METRICS)}
     bad = skips[0]["step"]
     assert lines[bad]["loss"] is None and lines[bad][finite.FLAG] == {"loss": "nan"}  # null plus a flag
     assert all(math.isfinite(lines[s]["loss"]) for s in lines if s != bad) and len(lines) == 12
     run_files_are_strict_json(run)
-    assert verify(run / "model")["step"] == 12  # exported: the weights never saw the bad batch
+    assert verify(run / run_folder.MODEL_DIR)["step"] == 12  # exported: the weights never saw the bad batch
 
 
 def test_a_diverged_run_names_the_newest_checkpoint_before_it_and_that_step_exports(tmp_path: Path) -> None:
     code, run = train(tmp_path, "ckpt", steps=12, loss=BAD_LOSS, loss_args={"calls": [6], "value": "inf"},
                       checkpoint_every_steps=1, keep_checkpoints=10)  # fmt: skip
     assert code == exit_codes.DIVERGED
-    divergence = strict((run / "summary.json").read_text())["divergence"]
+    divergence = strict((run / run_folder.SUMMARY).read_text())["divergence"]
     step = divergence["step"]
     assert (divergence["loss"], divergence["last_finite_step"]) == ("inf", step - 1)
     # step N's loss used the weights saved as ckpt-(N-1).pt: the newest checkpoint known good is N-2's
     assert divergence["last_good_checkpoint"] == f"ckpt-{step - 2}.pt"
     # the newer one is set aside, so a restart (a lower lr, allow_config_change) resumes from the good one
     assert divergence["set_aside"] == [f"ckpt-{step - 1}.pt.diverged"]
-    assert [p.name for p in CheckpointManager(run / "checkpoints").list()][-1] == f"ckpt-{step - 2}.pt"
+    kept = CheckpointManager(run / run_folder.CHECKPOINTS_DIR).list()
+    assert [p.name for p in kept][-1] == f"ckpt-{step - 2}.pt"
     assert main(["export", str(run), "--step", str(step - 2)]) == exit_codes.COMPLETED
-    assert verify(run / "model")["checkpoint"] == f"ckpt-{step - 2}.pt"
+    assert verify(run / run_folder.MODEL_DIR)["checkpoint"] == f"ckpt-{step - 2}.pt"
     assert main(["export", str(run), "--step", "99"]) == exit_codes.BAD_CONFIG
 
 
@@ -104,22 +105,22 @@ def test_judged_every_4_steps_a_bad_step_between_stops_the_run_at_the_next_judge
     code, run = train(tmp_path, "every4", steps=20, loss=BAD_LOSS, loss_args={"calls": [6]},
                       check_finite_every_steps=4)  # fmt: skip
     assert code == exit_codes.DIVERGED
-    summary = strict((run / "summary.json").read_text())
+    summary = strict((run / run_folder.SUMMARY).read_text())
     # the sixth call is step 6's: not judged; step 8 is the next judged, and the last finite loss the
     # judge saw is step 4's (step 5's was finite too, but not judged)
     divergence = summary["divergence"]
     assert (divergence["step"], divergence["last_finite_step"], summary["steps"]) == (8, 4, 7)
-    lines = {line["step"]: line for line in read_jsonl(run / "metrics.jsonl")}
+    lines = {line["step"]: line for line in read_jsonl(run / run_folder.METRICS)}
     assert all(math.isfinite(lines[s]["loss"]) for s in range(1, 6))
     assert all(lines[s][finite.FLAG] == {"loss": "nan"} for s in (6, 7))  # null plus a flag
-    assert not (run / "model").exists()
+    assert not (run / run_folder.MODEL_DIR).exists()
     run_files_are_strict_json(run)
 
 
 def test_a_finite_loss_above_the_bound_is_a_divergence_too(tmp_path: Path) -> None:
     code, run = train(tmp_path, "bound", steps=10, divergence_loss_bound=1e-6)
     assert code == exit_codes.DIVERGED
-    divergence = strict((run / "summary.json").read_text())["divergence"]
+    divergence = strict((run / run_folder.SUMMARY).read_text())["divergence"]
     assert divergence["step"] == 1 and divergence["reason"].endswith("above divergence_loss_bound 1e-06")
     assert divergence["last_finite_loss"] is None and divergence["last_good_checkpoint"] is None
 
@@ -205,7 +206,7 @@ def test_a_users_own_loop_stops_as_diverged_when_it_logs_a_non_finite_loss(tmp_p
 
     assert runlib.main(script, []) == exit_codes.DIVERGED
     run = tmp_path / "own"
-    summary = strict((run / "summary.json").read_text())
+    summary = strict((run / run_folder.SUMMARY).read_text())
     divergence = summary["divergence"]
     step = divergence["step"]
     assert summary["status"] == "diverged" and summary["exit_code"] == exit_codes.DIVERGED and step < 500
@@ -214,6 +215,6 @@ def test_a_users_own_loop_stops_as_diverged_when_it_logs_a_non_finite_loss(tmp_p
     # saved every 2 steps; the weights of step-1 gave the bad loss: the newest good one is at or before step-2
     newest_good = max(s for s in range(2, step - 1, 2))
     assert divergence["last_good_checkpoint"] == f"ckpt-{newest_good}.pt"
-    last = list(read_jsonl(run / "metrics.jsonl"))[-1]
+    last = list(read_jsonl(run / run_folder.METRICS))[-1]
     assert last["step"] == step and last["loss"] is None and last[finite.FLAG] == {"loss": divergence["loss"]}
     run_files_are_strict_json(run)

@@ -20,7 +20,7 @@ import pytest
 import torch
 from trainer_helpers import subprocess_env
 
-from trainer import exit_codes
+from trainer import exit_codes, run_folder
 from trainer.checkpoint import load_checkpoint
 from trainer.metrics import read_jsonl
 
@@ -46,7 +46,7 @@ def launch(run_dir: Path, deps: Path, *args: str) -> subprocess.Popen[str]:
     env = subprocess_env(
         FORJA_RUN=run_dir.name,
         FORJA_RUN_DIR=str(run_dir),
-        FORJA_CHECKPOINT_DIR=str(run_dir / "checkpoints"),
+        FORJA_CHECKPOINT_DIR=str(run_dir / run_folder.CHECKPOINTS_DIR),
         FORJA_PRICE_PER_HOUR="0.5",
         FORJA_NNODES="1",
         FORJA_NODE_RANK="0",
@@ -62,8 +62,8 @@ def launch(run_dir: Path, deps: Path, *args: str) -> subprocess.Popen[str]:
 
 
 def final_model(run_dir: Path) -> dict[str, torch.Tensor]:
-    summary = json.loads((run_dir / "summary.json").read_text())
-    return load_checkpoint(run_dir / "checkpoints" / summary["last_checkpoint"])["model"]
+    summary = json.loads((run_dir / run_folder.SUMMARY).read_text())
+    return load_checkpoint(run_dir / run_folder.CHECKPOINTS_DIR / summary["last_checkpoint"])["model"]
 
 
 def test_the_example_stops_on_sigterm_resumes_from_its_checkpoint_and_matches_an_unbroken_run(
@@ -72,17 +72,17 @@ def test_the_example_stops_on_sigterm_resumes_from_its_checkpoint_and_matches_an
     broken = tmp_path / "broken"
     proc = launch(broken, requirements, "--steps", "1000000")
     deadline = time.monotonic() + 180
-    while sum(1 for _ in read_jsonl(broken / "metrics.jsonl")) < 3:
+    while sum(1 for _ in read_jsonl(broken / run_folder.METRICS)) < 3:
         assert proc.poll() is None, proc.communicate()[0]
         assert time.monotonic() < deadline, "the example did not start training"
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)  # to the torchrun agent, which forwards it to both ranks
     out, _ = proc.communicate(timeout=120)
-    summary = json.loads((broken / "summary.json").read_text())
+    summary = json.loads((broken / run_folder.SUMMARY).read_text())
     stopped = summary["steps"]
     assert summary["status"] == "preempted", out
     assert summary["world_size"] == 2
-    assert (broken / "checkpoints" / f"ckpt-{stopped}.pt").is_file()
+    assert (broken / run_folder.CHECKPOINTS_DIR / f"ckpt-{stopped}.pt").is_file()
 
     total = stopped + 30
     resumed = launch(broken, requirements, "--steps", str(total))
@@ -90,7 +90,7 @@ def test_the_example_stops_on_sigterm_resumes_from_its_checkpoint_and_matches_an
     assert resumed.returncode == exit_codes.COMPLETED, out
     assert f"resumed from step {stopped}" in out
     assert "own-loop" in out  # the table printed with the project's own dependency
-    summary = json.loads((broken / "summary.json").read_text())
+    summary = json.loads((broken / run_folder.SUMMARY).read_text())
     assert (summary["status"], summary["steps"], summary["resumed_from_step"]) == (
         "completed",
         total,

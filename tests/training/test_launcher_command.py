@@ -22,7 +22,7 @@ import pytest
 import yaml
 from trainer_helpers import subprocess_env
 
-from trainer import exit_codes
+from trainer import exit_codes, run_folder
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO / "roles" / "trainer_run" / "files" / "forja-train-launch"
@@ -69,12 +69,12 @@ def test_every_process_gets_the_run_contract_in_its_environment(tmp_path: Path) 
     proc = launcher(tmp_path, ["python", "-c", DUMP], nproc=2)
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, out
-    assert (tmp_path / "out" / "COMPLETED").exists()
+    assert (tmp_path / "out" / run_folder.COMPLETED_MARKER).exists()
     ranks = [json.loads((tmp_path / "out" / f"rank-{r}.json").read_text()) for r in (0, 1)]
     for rank, seen in enumerate(ranks):
         assert (seen["RANK"], seen["LOCAL_RANK"], seen["WORLD_SIZE"]) == (str(rank), str(rank), "2")
         assert seen["FORJA_RUN_DIR"] == str(tmp_path / "out")
-        assert seen["FORJA_CHECKPOINT_DIR"] == str(tmp_path / "out" / "checkpoints")
+        assert seen["FORJA_CHECKPOINT_DIR"] == str(tmp_path / "out" / run_folder.CHECKPOINTS_DIR)
         assert seen["FORJA_RESUME_FROM"] == ""  # no checkpoint yet
         assert (seen["FORJA_WORLD_SIZE"], seen["FORJA_NPROC_PER_NODE"], seen["FORJA_NNODES"]) == (
             "2",
@@ -93,7 +93,7 @@ def test_the_first_failing_workers_exit_code_is_the_runs(tmp_path: Path) -> None
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode == exit_codes.USER_ERROR, out
     assert exit_codes.USER_ERROR in exit_codes.NO_RESTART  # so the unit does not retry it
-    assert not (tmp_path / "out" / "COMPLETED").exists()
+    assert not (tmp_path / "out" / run_folder.COMPLETED_MARKER).exists()
 
 
 def test_a_process_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
@@ -115,4 +115,4 @@ def test_a_process_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: Path
     assert "still running 2 s after SIGTERM; killing" in out
     assert 2.0 <= took < 15.0, out
     assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE
-    assert proc.returncode != 0 and not (tmp_path / "out" / "COMPLETED").exists()
+    assert proc.returncode != 0 and not (tmp_path / "out" / run_folder.COMPLETED_MARKER).exists()

@@ -25,6 +25,7 @@ import yaml
 from trainer_helpers import subprocess_env
 
 from forja import runstate
+from trainer import run_folder
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO / "roles" / "trainer_run" / "files" / "forja-train-launch"
@@ -70,7 +71,7 @@ def start_node(tmp_path: Path, rank: int, port: int, config: Path, log_name: str
 
 def newest_step(out: Path) -> int:
     try:
-        lines = (out / "metrics.jsonl").read_text().splitlines()
+        lines = (out / run_folder.METRICS).read_text().splitlines()
     except OSError:
         return 0
     steps = [json.loads(line).get("step", 0) for line in lines if line.startswith("{")]
@@ -112,20 +113,21 @@ def test_a_lost_node_comes_back_and_training_resumes_from_the_checkpoint(tmp_pat
                 lose(proc)
 
     out0 = tmp_path / "node0"
-    elastic = json.loads((out0 / "elastic.json").read_text())
+    elastic = json.loads((out0 / run_folder.ELASTIC).read_text())
     assert 1 <= elastic["restart_count"] <= MAX_RESTARTS, elastic  # node 0's agent restarted its workers
     assert (elastic["rank"], elastic["world_size"], elastic["nodes"]) == (0, 2, 2)  # RANK 0 stayed on node 0
-    events = [json.loads(line) for line in (out0 / "events.jsonl").read_text().splitlines()]
+    events = [json.loads(line) for line in (out0 / run_folder.EVENTS).read_text().splitlines()]
     resumed = [e for e in events if e["event"] == "resume"]
     assert len(resumed) == 1 and resumed[0]["resumed_from_step"] >= 300, resumed
     assert resumed[0]["world_size"] == 2
-    summary = json.loads((out0 / "summary.json").read_text())
+    summary = json.loads((out0 / run_folder.SUMMARY).read_text())
     assert (summary["status"], summary["steps"], summary["world_size"]) == ("completed", 2000, 2)
     assert summary["resumed_from_step"] == resumed[0]["resumed_from_step"]
-    assert (out0 / "COMPLETED").exists() and (tmp_path / "node1" / "COMPLETED").exists()
+    assert (out0 / run_folder.COMPLETED_MARKER).exists()
+    assert (tmp_path / "node1" / run_folder.COMPLETED_MARKER).exists()
     # only RANK 0 wrote the run's files: node 1's folder has its own markers, no metrics
-    assert not (tmp_path / "node1" / "metrics.jsonl").exists()
-    assert json.loads((tmp_path / "node1" / "elastic.json").read_text())["rank"] == 1
+    assert not (tmp_path / "node1" / run_folder.METRICS).exists()
+    assert json.loads((tmp_path / "node1" / run_folder.ELASTIC).read_text())["rank"] == 1
     # forja reads the round as forja-train-state reports it (its "elastic" key is this file)
     state = runstate.parse({runstate.SCHEMA_KEY: 1, "run": "elastic", "elastic": elastic})
     assert state is not None and state.elastic_restarts == elastic["restart_count"]

@@ -17,6 +17,7 @@ import pytest
 from trainer_helpers import REPO, objects, subprocess_env, tiny_digits
 
 from forja_sandbox.storage_emulator import StorageEmulator
+from trainer import run_folder
 from trainer.config import validate
 from trainer.export import CONFIG, WEIGHTS
 from trainer.train import train
@@ -30,12 +31,12 @@ def test_a_finished_run_puts_its_model_beside_its_checkpoints_with_model_json_vo
     train(validate(tiny_digits(tmp_path, steps=10, checkpoint_bucket=f"gs://{bucket.name}/exp")))
     stored = objects(bucket, "exp/run/model/")
     assert sorted(stored) == ["exp/run/model/model.json", "exp/run/model/model.safetensors"]
-    local = tmp_path / "run" / "model"
+    local = tmp_path / "run" / run_folder.MODEL_DIR
     assert stored["exp/run/model/model.safetensors"] == (local / WEIGHTS).read_bytes()
     info = json.loads(stored["exp/run/model/model.json"])
     assert info == json.loads((local / CONFIG).read_text())
     assert info["sha256"] == hashlib.sha256(stored["exp/run/model/model.safetensors"]).hexdigest()
-    [event] = [e for e in map(json.loads, (tmp_path / "run" / "events.jsonl").read_text().splitlines())
+    [event] = [e for e in map(json.loads, (tmp_path / "run" / run_folder.EVENTS).read_text().splitlines())
                if e["event"] == "export"]  # fmt: skip
     assert event["bucket"] == f"gs://{bucket.name}/exp/run/model/"
 

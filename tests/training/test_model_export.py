@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file
 from trainer_helpers import REPO, subprocess_env, tiny_digits
 
+from trainer import run_folder
 from trainer.checkpoint import CheckpointManager
 from trainer.config import validate
 from trainer.demo import digits_cnn
@@ -35,7 +36,7 @@ with torch.no_grad():
 
 
 def outputs_of_checkpoint(run: Path, build: torch.nn.Module) -> torch.Tensor:
-    found = CheckpointManager(run / "checkpoints").load_latest(quarantine=False)
+    found = CheckpointManager(run / run_folder.CHECKPOINTS_DIR).load_latest(quarantine=False)
     assert found is not None
     build.load_state_dict(found.state["model"])
     build.eval()
@@ -59,17 +60,17 @@ def test_a_finished_run_exports_a_model_that_a_fresh_process_loads_with_the_chec
 ) -> None:
     result = train(validate(tiny_digits(tmp_path, steps=20)))
     run = tmp_path / "run"
-    info = json.loads((run / "model" / CONFIG).read_text())
+    info = json.loads((run / run_folder.MODEL_DIR / CONFIG).read_text())
     assert info["model"] == "trainer.demo:digits_cnn" and info["model_args"] == {"width": 8, "hidden": 32}
     assert info["step"] == 20 and info["checkpoint"] == "ckpt-20.pt" and info["dtype"] == "float32"
-    assert info["sha256"] == sha256_file(run / "model" / WEIGHTS)
+    assert info["sha256"] == sha256_file(run / run_folder.MODEL_DIR / WEIGHTS)
     assert info["parameters"] == result.summary["params"] + 0  # the CNN has no buffers
-    [event] = [e for e in map(json.loads, (run / "events.jsonl").read_text().splitlines())
+    [event] = [e for e in map(json.loads, (run / run_folder.EVENTS).read_text().splitlines())
                if e["event"] == "export"]  # fmt: skip
     assert event["sha256"] == info["sha256"] and "error" not in event
 
     expected = outputs_of_checkpoint(run, digits_cnn(width=8, hidden=32))
-    assert torch.equal(outputs_in_fresh_process(run / "model"), expected)
+    assert torch.equal(outputs_in_fresh_process(run / run_folder.MODEL_DIR), expected)
 
 
 def test_tied_weights_are_stored_once_and_tied_again_on_load(tmp_path: Path) -> None:
@@ -83,7 +84,7 @@ def test_tied_weights_are_stored_once_and_tied_again_on_load(tmp_path: Path) -> 
 
     model = load_model(exported.folder)
     assert model.second.weight is model.first.weight  # the module ties them; the load kept it so
-    found = CheckpointManager(tmp_path / "run" / "checkpoints").load_latest(quarantine=False)
+    found = CheckpointManager(tmp_path / "run" / run_folder.CHECKPOINTS_DIR).load_latest(quarantine=False)
     assert found is not None
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, found.state["model"][name]), name
@@ -92,8 +93,8 @@ def test_tied_weights_are_stored_once_and_tied_again_on_load(tmp_path: Path) -> 
 def test_export_on_request_takes_the_newest_checkpoint_that_verifies(tmp_path: Path) -> None:
     train(validate(tiny_digits(tmp_path, steps=20, checkpoint_every_steps=10, export_model=False)))
     run = tmp_path / "run"
-    assert not (run / "model").exists()
-    newest = run / "checkpoints" / "ckpt-20.pt"
+    assert not (run / run_folder.MODEL_DIR).exists()
+    newest = run / run_folder.CHECKPOINTS_DIR / "ckpt-20.pt"
     data = bytearray(newest.read_bytes())
     data[len(data) // 2] ^= 0xFF  # a bit flipped on disk after it was written
     newest.write_bytes(bytes(data))
@@ -104,7 +105,7 @@ def test_export_on_request_takes_the_newest_checkpoint_that_verifies(tmp_path: P
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["checkpoint"] == "ckpt-10.pt"
     assert newest.exists()  # skipped, not set aside: a running trainer may own the folder
-    assert load_model(run / "model") is not None
+    assert load_model(run / run_folder.MODEL_DIR) is not None
 
 
 def test_a_missing_run_and_a_run_without_checkpoints_are_errors_that_say_what_to_do(tmp_path: Path) -> None:
@@ -121,9 +122,9 @@ def test_a_missing_run_and_a_run_without_checkpoints_are_errors_that_say_what_to
 
 def test_weights_changed_after_the_export_are_refused(tmp_path: Path) -> None:
     train(validate(tiny_digits(tmp_path, steps=4)))
-    weights = tmp_path / "run" / "model" / WEIGHTS
+    weights = tmp_path / "run" / run_folder.MODEL_DIR / WEIGHTS
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0xFF
     weights.write_bytes(bytes(data))
     with pytest.raises(ExportError, match=r"is not model\.json's"):
-        load_model(tmp_path / "run" / "model")
+        load_model(tmp_path / "run" / run_folder.MODEL_DIR)

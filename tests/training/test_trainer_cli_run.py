@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from trainer_helpers import subprocess_env
 
+from trainer import run_folder
 from trainer.cli import main
 from trainer.metrics import METRIC_FIELDS, read_jsonl
 from trainer.summary import FIELDS
@@ -34,19 +35,19 @@ def test_digits_demo_reaches_95_percent_in_300_steps(tmp_path: Path) -> None:
         ]
     )
     assert code == 0
-    summary = json.loads((run / "summary.json").read_text())
+    summary = json.loads((run / run_folder.SUMMARY).read_text())
     assert set(summary) == set(FIELDS)
     assert summary["status"] == "completed" and summary["steps"] == 300
     assert summary["accuracy"] >= 0.95, summary
     assert summary["cost_usd"] == pytest.approx(summary["wall_s"] / 3600 * 0.9, rel=1e-6)
-    rows = list(read_jsonl(run / "metrics.jsonl"))
+    rows = list(read_jsonl(run / run_folder.METRICS))
     assert [r["step"] for r in rows] == list(range(20, 301, 20))
     assert all(set(METRIC_FIELDS) <= r.keys() for r in rows)
     assert rows[-1]["loss"] < rows[0]["loss"] / 5
     for name in ("loss.png", "throughput.png", "utilisation.png", "cost.png"):
-        png = (run / "plots" / name).read_bytes()
+        png = (run / run_folder.PLOTS_DIR / name).read_bytes()
         assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 5000, name
-    resolved = (run / "config.yaml").read_text()
+    resolved = (run / run_folder.CONFIG).read_text()
     assert "batch_size: 32" in resolved and "device: cpu" in resolved and "precision: auto" not in resolved
 
 
@@ -72,12 +73,12 @@ def test_report_renders_a_run_folder_and_refreshes_the_summary(
         }
         for s in range(1, 41)
     ]
-    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"step": 41, "lo')
-    (run / "events.jsonl").write_text(json.dumps({"event": "resume", "step": 20}) + "\n")
+    (run / run_folder.METRICS).write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"step": 41, "lo')
+    (run / run_folder.EVENTS).write_text(json.dumps({"event": "resume", "step": 20}) + "\n")
     assert main(["report", "--run", str(run)]) == 0
-    summary = json.loads((run / "summary.json").read_text())
+    summary = json.loads((run / run_folder.SUMMARY).read_text())
     assert summary["steps"] == 40 and summary["median_samples_per_s"] == pytest.approx(120.5)
-    assert sorted(p.name for p in (run / "plots").iterdir()) == [
+    assert sorted(p.name for p in (run / run_folder.PLOTS_DIR).iterdir()) == [
         "cost.png",
         "loss.png",
         "throughput.png",
@@ -92,12 +93,13 @@ GOOD_LINE = {"step": 1, "loss": 0.5, "samples_per_s": 100.0, "step_time_s": 0.1,
 @pytest.mark.parametrize(
     ("files", "said"),
     [
-        ({"metrics.jsonl": {"loss": 0.5}}, "line 2: no 'step'"),
-        ({"metrics.jsonl": {"step": "two", "loss": 0.5}}, "line 2: 'step' must be a whole number"),
-        ({"metrics.jsonl": {"step": 2, "loss": "low"}}, "line 2: 'loss' must be a number or null, got 'low'"),
-        ({"events.jsonl": {"event": "resume", "step": "x"}}, "line 1: a resume's 'step' must be"),
-        ({"summary.json": "{not json"}, "summary.json is not a JSON summary"),
-        ({"summary.json": "[1, 2]"}, "summary.json must hold a JSON object, got list"),
+        ({run_folder.METRICS: {"loss": 0.5}}, "line 2: no 'step'"),
+        ({run_folder.METRICS: {"step": "two", "loss": 0.5}}, "line 2: 'step' must be a whole number"),
+        ({run_folder.METRICS: {"step": 2, "loss": "low"}},
+         "line 2: 'loss' must be a number or null, got 'low'"),
+        ({run_folder.EVENTS: {"event": "resume", "step": "x"}}, "line 1: a resume's 'step' must be"),
+        ({run_folder.SUMMARY: "{not json"}, "summary.json is not a JSON summary"),
+        ({run_folder.SUMMARY: "[1, 2]"}, "summary.json must hold a JSON object, got list"),
     ],
     ids=["no step", "step as words", "loss as words", "resume step as words", "summary not JSON",
          "summary a list"],
@@ -108,10 +110,10 @@ def test_report_names_the_file_and_line_it_cannot_read_and_exits_2(
     """A metrics line another tool (or a hand) wrote: one line naming it, exit 2, not a traceback."""
     run = tmp_path / "r"
     run.mkdir()
-    (run / "metrics.jsonl").write_text(json.dumps(GOOD_LINE) + "\n")
+    (run / run_folder.METRICS).write_text(json.dumps(GOOD_LINE) + "\n")
     for name, content in files.items():
         text = content if isinstance(content, str) else json.dumps(content) + "\n"
-        mode = "a" if name == "metrics.jsonl" else "w"
+        mode = "a" if name == run_folder.METRICS else "w"
         with open(run / name, mode) as handle:
             handle.write(text)
     assert main(["report", "--run", str(run)]) == 2
@@ -123,7 +125,7 @@ def test_report_names_the_file_and_line_it_cannot_read_and_exits_2(
 def test_report_on_a_file_says_it_is_not_a_run_folder(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    metrics = tmp_path / "metrics.jsonl"  # the run's file given instead of its folder
+    metrics = tmp_path / run_folder.METRICS  # the run's file given instead of its folder
     metrics.write_text(json.dumps(GOOD_LINE) + "\n")
     assert main(["report", "--run", str(metrics)]) == 2
     err = capsys.readouterr().err.strip()
@@ -161,7 +163,7 @@ def test_sigterm_saves_at_the_next_step_and_exits_3_then_resumes(tmp_path: Path)
         text=True,
     )
     deadline = time.monotonic() + 120
-    while len(list(read_jsonl(run / "metrics.jsonl"))) < 5:
+    while len(list(read_jsonl(run / run_folder.METRICS))) < 5:
         assert proc.poll() is None, proc.communicate()[0]
         assert time.monotonic() < deadline, "training did not start"
         time.sleep(0.1)
@@ -171,10 +173,10 @@ def test_sigterm_saves_at_the_next_step_and_exits_3_then_resumes(tmp_path: Path)
     took = time.monotonic() - sent
     assert proc.returncode == 3, out
     assert took < 25, f"stopping took {took:.1f}s: a Spot VM gives 30s"
-    summary = json.loads((run / "summary.json").read_text())
+    summary = json.loads((run / run_folder.SUMMARY).read_text())
     stopped = summary["steps"]
     assert summary["status"] == "preempted" and summary["last_checkpoint"] == f"ckpt-{stopped}.pt"
-    preempt = [e for e in read_jsonl(run / "events.jsonl") if e["event"] == "preempt"]
+    preempt = [e for e in read_jsonl(run / run_folder.EVENTS) if e["event"] == "preempt"]
     assert preempt and preempt[0]["signal"] == "SIGTERM" and preempt[0]["saved_step"] == stopped
 
     resumed = subprocess.run(
@@ -185,7 +187,7 @@ def test_sigterm_saves_at_the_next_step_and_exits_3_then_resumes(tmp_path: Path)
         timeout=300,
     )
     assert resumed.returncode == 0, resumed.stderr
-    summary = json.loads((run / "summary.json").read_text())
+    summary = json.loads((run / run_folder.SUMMARY).read_text())
     assert (summary["status"], summary["steps"], summary["resumed_from_step"]) == (
         "completed",
         stopped + 5,
@@ -199,6 +201,6 @@ def test_a_failing_run_exits_1_and_says_so_in_its_summary(tmp_path: Path) -> Non
     args = ["train", "--config", "digits", "--out", str(run), "--set", "loss=trainer_fakes:broken_loss",
             "--set", f"cache_dir={tmp_path}", "--set", "render_plots=false"]  # fmt: skip
     assert main(args) == 1
-    summary = json.loads((run / "summary.json").read_text())
+    summary = json.loads((run / run_folder.SUMMARY).read_text())
     assert summary["status"] == "failed" and "shape mismatch in the loss" in summary["error"]
-    assert [e["event"] for e in read_jsonl(run / "events.jsonl")] == ["start", "fail"]
+    assert [e["event"] for e in read_jsonl(run / run_folder.EVENTS)] == ["start", "fail"]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from trainer_helpers import subprocess_env, tiny_digits
 
+from trainer import run_folder
 from trainer.config import validate
 from trainer.metrics import read_jsonl
 from trainer.train import train
@@ -29,7 +30,7 @@ def test_the_summary_pays_for_setup_and_the_final_evaluation(tmp_path: Path) -> 
     elapsed = time.monotonic() - started
     s = result.summary
     loop_s = s["steps"] * s["global_batch"] / s["samples_per_s"]
-    last_logged = list(read_jsonl(Path(raw["out_dir"]) / "metrics.jsonl"))[-1]["wall_s"]
+    last_logged = list(read_jsonl(Path(raw["out_dir"]) / run_folder.METRICS))[-1]["wall_s"]
     print(f"\ntrain() took {elapsed:.2f} s; summary wall {s['wall_s']:.2f} s; loop {loop_s:.2f} s")
     assert s["wall_s"] <= elapsed
     assert s["wall_s"] > last_logged, "the final evaluation (21,540 samples) is paid for"
@@ -51,8 +52,8 @@ def test_the_command_line_counts_from_the_process_start(tmp_path: Path) -> None:
     )
     elapsed = time.monotonic() - started
     assert done.returncode == 0, done.stderr
-    wall = json.loads((Path(raw["out_dir"]) / "summary.json").read_text())["wall_s"]
-    first = next(iter(read_jsonl(Path(raw["out_dir"]) / "metrics.jsonl")))
+    wall = json.loads((Path(raw["out_dir"]) / run_folder.SUMMARY).read_text())["wall_s"]
+    first = next(iter(read_jsonl(Path(raw["out_dir"]) / run_folder.METRICS)))
     print(f"\nprocess {elapsed:.2f} s; summary wall {wall:.2f} s; wall at step 1 {first['wall_s']:.2f} s")
     assert first["wall_s"] > 0.3 * elapsed, "start-up (importing torch, loading data) is paid for"
     assert wall >= 0.6 * elapsed  # the rest: interpreter exit, which the trainer cannot time

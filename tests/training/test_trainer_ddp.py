@@ -21,6 +21,7 @@ import torch
 import yaml
 from trainer_helpers import subprocess_env, tiny_digits
 
+from trainer import run_folder
 from trainer.checkpoint import CheckpointManager
 from trainer.config import validate
 from trainer.metrics import read_jsonl
@@ -62,7 +63,7 @@ def write_config(path: Path, raw: dict[str, Any]) -> Path:
 
 
 def losses(run: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in read_jsonl(run / "metrics.jsonl")}
+    return {r["step"]: r["loss"] for r in read_jsonl(run / run_folder.METRICS)}
 
 
 def test_two_gloo_ranks_agree_on_a_batch_match_one_process_and_stop_together(tmp_path: Path) -> None:
@@ -95,7 +96,7 @@ def test_two_gloo_ranks_agree_on_a_batch_match_one_process_and_stop_together(tmp
     psutil.Process(pid).send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
 
-    events = list(read_jsonl(ddp_run / "events.jsonl"))
+    events = list(read_jsonl(ddp_run / run_folder.EVENTS))
     found = events[0]["find_batch"]
     assert max(b for b, ok in found["trials"] if ok) == 40  # rank 0's own search (it logs the events)
     assert found["max_micro_batch"] == 16  # ... and the minimum over ranks is what everyone uses
@@ -103,21 +104,21 @@ def test_two_gloo_ranks_agree_on_a_batch_match_one_process_and_stop_together(tmp
     preempt = [e for e in events if e["event"] == "preempt"]
     assert preempt and preempt[0]["signal"] == "peer", out  # rank 0 stopped because rank 1 asked
     assert preempt[0]["saved_step"] == stopped < 40
-    assert CheckpointManager(ddp_run / "checkpoints").list()[-1].name == f"ckpt-{stopped}.pt"
+    assert CheckpointManager(ddp_run / run_folder.CHECKPOINTS_DIR).list()[-1].name == f"ckpt-{stopped}.pt"
 
     write_config(tmp_path / "ddp.yaml", {**raw, "steps": 40})
     done = subprocess.run(torchrun("train", "--config", str(config)), env=subprocess_env(),
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    summary = json.loads((ddp_run / "summary.json").read_text())
+    summary = json.loads((ddp_run / run_folder.SUMMARY).read_text())
     assert (summary["world_size"], summary["micro_batch"], summary["global_batch"]) == (2, 16, 32)
     assert summary["resumed_from_step"] == stopped
 
     one, two = losses(tmp_path / "single"), losses(ddp_run)
     assert one.keys() == two.keys()
     assert max(abs(one[s] - two[s]) for s in one) < TOLERANCE
-    a = CheckpointManager(tmp_path / "single" / "checkpoints").load_latest()
-    b = CheckpointManager(ddp_run / "checkpoints").load_latest()
+    a = CheckpointManager(tmp_path / "single" / run_folder.CHECKPOINTS_DIR).load_latest()
+    b = CheckpointManager(ddp_run / run_folder.CHECKPOINTS_DIR).load_latest()
     assert a is not None and b is not None and a.state["step"] == b.state["step"] == 40
     for name, tensor in a.state["model"].items():
         assert torch.allclose(tensor, b.state["model"][name], atol=TOLERANCE, rtol=0), name

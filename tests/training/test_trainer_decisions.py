@@ -9,6 +9,7 @@ import torch
 import yaml
 from trainer_helpers import tiny_digits
 
+from trainer import run_folder
 from trainer.checkpoint import CheckpointManager
 from trainer.config import validate
 from trainer.data import choose_workers
@@ -99,15 +100,17 @@ def test_checkpoints_on_timer_and_epoch_ends_carry_the_resolved_config(tmp_path:
         keep_checkpoints=50,
     )
     run = Path(raw["out_dir"])
-    (run / "checkpoints").mkdir(parents=True)
-    (run / "checkpoints" / "ckpt-7.pt.tmp.4242").write_bytes(b"half a write")
+    (run / run_folder.CHECKPOINTS_DIR).mkdir(parents=True)
+    (run / run_folder.CHECKPOINTS_DIR / "ckpt-7.pt.tmp.4242").write_bytes(b"half a write")
     train(validate(raw))
-    reasons = {e["step"]: e["reason"] for e in read_jsonl(run / "events.jsonl") if e["event"] == "checkpoint"}
+    events = read_jsonl(run / run_folder.EVENTS)
+    reasons = {e["step"]: e["reason"] for e in events if e["event"] == "checkpoint"}
     assert reasons[22] == "epoch" and reasons[30] == "final" and reasons[5] == "timer"
-    assert not list((run / "checkpoints").glob("*.tmp.*")), "the stale temporary must be removed at start"
-    found = CheckpointManager(run / "checkpoints").load_latest()
+    stale = list((run / run_folder.CHECKPOINTS_DIR).glob("*.tmp.*"))
+    assert not stale, "the stale temporary must be removed at start"
+    found = CheckpointManager(run / run_folder.CHECKPOINTS_DIR).load_latest()
     assert found is not None
-    assert found.state["config"] == yaml.safe_load((run / "config.yaml").read_text()) | {"steps": 30}
+    assert found.state["config"] == yaml.safe_load((run / run_folder.CONFIG).read_text()) | {"steps": 30}
     assert found.state["config"]["precision"] == "fp32" and found.state["config"]["batch_size"] == 64
 
 
@@ -135,5 +138,5 @@ def test_a_duplicate_signal_is_absorbed_but_a_later_one_stops_at_once() -> None:
 def test_epoch_end_checkpoints_of_tiny_epochs_are_rate_limited(tmp_path: Path) -> None:
     raw = tiny_digits(tmp_path, steps=50, batch_size=64, checkpoint_min_interval_s=3600, keep_checkpoints=50)
     train(validate(raw))
-    events = read_jsonl(Path(raw["out_dir"]) / "events.jsonl")
+    events = read_jsonl(Path(raw["out_dir"]) / run_folder.EVENTS)
     assert [(e["step"], e["reason"]) for e in events if e["event"] == "checkpoint"] == [(50, "final")]

@@ -15,7 +15,7 @@ import yaml
 from state_reader import state_reader
 from trainer_helpers import REPO, tiny_digits
 
-from trainer import exit_codes, runlib
+from trainer import exit_codes, run_folder, runlib
 from trainer.checkpoint import CheckpointManager
 from trainer.cli import main
 from trainer.folder_lock import folder_lock
@@ -111,9 +111,9 @@ def test_a_full_disk_says_so_and_exits_with_its_own_code(
     assert run_cli(tmp_path, raw) == exit_codes.DISK_FULL
     err = capsys.readouterr().err
     assert "the disk is full" in err and "No space left on device" in err
-    ckpt_dir = small_disk / "run" / "checkpoints"
+    ckpt_dir = small_disk / "run" / run_folder.CHECKPOINTS_DIR
     assert not [p for p in ckpt_dir.iterdir() if ".tmp." in p.name], "a failed write leaves no temporary"
-    assert next(e["event"] for e in read_jsonl(small_disk / "run" / "events.jsonl")) == "start"
+    assert next(e["event"] for e in read_jsonl(small_disk / "run" / run_folder.EVENTS)) == "start"
 
 
 def test_the_hosts_state_reader_calls_the_diverged_exit_diverged() -> None:
@@ -128,7 +128,7 @@ def test_a_second_trainer_on_a_folder_in_use_exits_75_and_touches_nothing(
     out = Path(raw["out_dir"])
     with folder_lock(out):  # the first trainer (started by hand, without forja's launcher)
         assert run_cli(tmp_path, raw) == exit_codes.LOCKED
-        assert list(out.iterdir()) == [out / ".trainer.lock"], "nothing written into the other run's folder"
+        assert list(out.iterdir()) == [out / run_folder.TRAINER_LOCK], "nothing written into the other run"
 
         def own_loop(argv: list[str]) -> int:
             with runlib.Run(total_steps=5, run_dir=out) as run:
@@ -142,7 +142,7 @@ def test_a_second_trainer_on_a_folder_in_use_exits_75_and_touches_nothing(
 
 
 def test_a_half_written_checkpoint_is_removed_only_when_its_writer_is_gone(tmp_path: Path) -> None:
-    folder = tmp_path / "checkpoints"
+    folder = tmp_path / run_folder.CHECKPOINTS_DIR
     folder.mkdir()
     writing = subprocess.Popen(["sleep", "30"])  # a live writer
     dead_pid = subprocess.Popen(["true"])  # a writer that has ended: its PID is free

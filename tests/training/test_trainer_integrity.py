@@ -9,7 +9,7 @@ import pytest
 import torch
 from trainer_helpers import tiny_digits
 
-from trainer import exit_codes
+from trainer import exit_codes, run_folder
 from trainer.checkpoint import (
     CheckpointManager,
     CorruptCheckpoint,
@@ -90,23 +90,24 @@ def test_a_stray_foreign_checkpoint_is_set_aside_and_the_run_resumes_from_its_ow
     raw = tiny_digits(tmp_path, steps=20, checkpoint_every_steps=10)
     run = Path(raw["out_dir"])
     assert train(validate(raw)).status == "completed"
-    torch.save({"step": 25, "model": {}, "config": {"lr": 1.0}}, run / "checkpoints" / "ckpt-25.pt")
+    ckpt = run / run_folder.CHECKPOINTS_DIR / "ckpt-25.pt"
+    torch.save({"step": 25, "model": {}, "config": {"lr": 1.0}}, ckpt)
     again = train(validate({**raw, "steps": 30}))
     assert again.status == "completed" and again.summary["resumed_from_step"] == 20
-    assert (run / "checkpoints" / "ckpt-25.pt.corrupt").exists(), "kept for a person to look at"
+    assert (run / run_folder.CHECKPOINTS_DIR / "ckpt-25.pt.corrupt").exists(), "kept for a person to look at"
 
 
 def test_a_run_resumes_from_the_checkpoint_before_a_flipped_one(tmp_path: Path) -> None:
     raw = tiny_digits(tmp_path, steps=30, checkpoint_every_steps=10)
     run = Path(raw["out_dir"])
     assert train(validate(raw)).status == "completed"
-    newest = run / "checkpoints" / "ckpt-30.pt"
+    newest = run / run_folder.CHECKPOINTS_DIR / "ckpt-30.pt"
     data = bytearray(newest.read_bytes())
     data[len(data) // 2] ^= 0x10  # a flip somewhere in the weights or the optimizer state
     newest.write_bytes(bytes(data))
     again = train(validate({**raw, "steps": 35}))
     assert again.status == "completed" and again.summary["resumed_from_step"] == 20
-    resume = [e for e in read_jsonl(run / "events.jsonl") if e["event"] == "resume"][-1]
+    resume = [e for e in read_jsonl(run / run_folder.EVENTS) if e["event"] == "resume"][-1]
     assert resume["skipped_checkpoints"] == ["ckpt-30.pt.corrupt"]
 
 
@@ -116,7 +117,7 @@ def test_when_every_checkpoint_is_corrupt_the_run_stops_with_its_own_code(
     raw = tiny_digits(tmp_path, steps=20, checkpoint_every_steps=10)
     run = Path(raw["out_dir"])
     train(validate(raw))
-    for ckpt in (run / "checkpoints").glob("ckpt-*.pt"):
+    for ckpt in (run / run_folder.CHECKPOINTS_DIR).glob("ckpt-*.pt"):
         ckpt.write_bytes(ckpt.read_bytes()[:1000])  # truncated, as by a disk that filled up
     config_file = tmp_path / "run.yaml"
     config_file.write_text(json.dumps({**raw, "steps": 25}))
@@ -125,7 +126,7 @@ def test_when_every_checkpoint_is_corrupt_the_run_stops_with_its_own_code(
     # the command line: exit 5, which the unit does not restart, and the files are kept
     assert main(["train", "--config", str(config_file)]) == exit_codes.NO_VALID_CHECKPOINT
     assert "no valid checkpoint" in capsys.readouterr().err
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+    assert sorted(p.name for p in (run / run_folder.CHECKPOINTS_DIR).iterdir()) == [
         "ckpt-10.pt.corrupt",
         "ckpt-20.pt.corrupt",
     ]
@@ -134,7 +135,7 @@ def test_when_every_checkpoint_is_corrupt_the_run_stops_with_its_own_code(
     # ... until the user allows a fresh start
     fresh = main(["train", "--config", str(config_file), "--set", "allow_fresh_start=true"])
     assert fresh == exit_codes.COMPLETED
-    summary = json.loads((run / "summary.json").read_text())
+    summary = json.loads((run / run_folder.SUMMARY).read_text())
     assert summary["status"] == "completed" and summary["resumed_from_step"] == 0 and summary["steps"] == 25
 
 

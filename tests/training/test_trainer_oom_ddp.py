@@ -17,9 +17,8 @@ from test_trainer_ddp import torchrun, write_config
 from torch import nn
 from trainer_helpers import subprocess_env, tiny_digits
 
-from trainer import exit_codes
+from trainer import exit_codes, run_folder
 from trainer.metrics import read_jsonl
-from trainer.train import OOM_RECORD
 
 pytestmark = pytest.mark.slow  # two or three torchrun launches: about 30 s on an idle 2-core machine
 
@@ -47,24 +46,24 @@ def test_an_oom_on_one_rank_is_recorded_and_the_restart_halves_the_micro_batch(t
     log = first.stdout + first.stderr
     assert first.returncode != 0, log
     assert "out of memory on rank 1 at step 12 with micro-batch 16" in log
-    record = json.loads((run / OOM_RECORD).read_text())
+    record = json.loads((run / run_folder.OOM_RECORD).read_text())
     assert (record["rank"], record["oom_micro_batch"], record["global_batch"]) == (1, 8, 32), record
     assert record["oom_fallbacks"] == [{"step": 12, "from": 16, "to": 8}]
-    assert not list(run.glob(f"{OOM_RECORD}.tmp-*")), "the record is written whole, then renamed"
-    assert json.loads((run / "summary.json").read_text())["status"] == "failed"  # rank 0 saw its peer go
+    assert not list(run.glob(f"{run_folder.OOM_RECORD}{run_folder.TMP_MARK}*")), "written whole, then renamed"
+    assert json.loads((run / run_folder.SUMMARY).read_text())["status"] == "failed"  # rank 0 saw its peer go
 
     second = launch(config)  # the restart: same config, same folder
     assert second.returncode == 0, second.stdout + second.stderr
-    summary = json.loads((run / "summary.json").read_text())
+    summary = json.loads((run / run_folder.SUMMARY).read_text())
     assert summary["status"] == "completed" and summary["steps"] == 20
     assert (summary["world_size"], summary["micro_batch"], summary["accum_steps"]) == (2, 8, 2)
     assert summary["global_batch"] == 32, "the global batch is kept through accumulation"
     assert summary["resumed_from_step"] == 10 and summary["lost_steps"] == 2
     assert summary["oom_fallbacks"] == [{"step": 12, "from": 16, "to": 8}]
-    ooms = [e for e in read_jsonl(run / "events.jsonl") if e["event"] == "oom"]
+    ooms = [e for e in read_jsonl(run / run_folder.EVENTS) if e["event"] == "oom"]
     assert [(e["from_micro_batch"], e["micro_batch"], e["accum"], e["rank"], e["failed_at_step"])
             for e in ooms] == [(16, 8, 2, 1, 12)]  # fmt: skip
-    steps = [r["step"] for r in read_jsonl(run / "metrics.jsonl")]
+    steps = [r["step"] for r in read_jsonl(run / run_folder.METRICS)]
     assert steps == list(range(1, 21)), "the steps after the checkpoint are redone once"
 
 
@@ -79,4 +78,4 @@ def test_an_oom_at_micro_batch_1_under_ddp_stops_without_a_restart(tmp_path: Pat
     assert "out of memory at step 3 with micro-batch 1" in log
     # the failing rank's own code (the launcher passes the first failing worker's code to systemd)
     assert f"[exit {exit_codes.USER_ERROR}:" in log and exit_codes.USER_ERROR in exit_codes.NO_RESTART
-    assert not (run / OOM_RECORD).exists(), "nothing for a restart to lower"
+    assert not (run / run_folder.OOM_RECORD).exists(), "nothing for a restart to lower"

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from trainer_helpers import tiny_digits
 
+from trainer import run_folder
 from trainer.config import validate
 from trainer.metrics import read_jsonl
 from trainer.train import train
@@ -26,12 +27,12 @@ def test_an_oom_mid_run_lowers_the_micro_batch_and_the_run_completes(tmp_path: P
     s = result.summary
     assert (s["micro_batch"], s["accum_steps"], s["global_batch"]) == (8, 4, 32)
     assert s["oom_fallbacks"] == [{"step": 10, "from": 32, "to": 16}, {"step": 10, "from": 16, "to": 8}]
-    events = list(read_jsonl(Path(raw["out_dir"]) / "events.jsonl"))
+    events = list(read_jsonl(Path(raw["out_dir"]) / run_folder.EVENTS))
     ooms = [e for e in events if e["event"] == "oom"]
     assert [(e["from_micro_batch"], e["micro_batch"], e["accum"]) for e in ooms] == [(32, 16, 2), (16, 8, 4)]
     saves = [e for e in events if e["event"] == "checkpoint"]
     assert [e["reason"] for e in saves][:2] == ["oom", "oom"], "it saves before going on"
-    steps = [r["step"] for r in read_jsonl(Path(raw["out_dir"]) / "metrics.jsonl")]
+    steps = [r["step"] for r in read_jsonl(Path(raw["out_dir"]) / run_folder.METRICS)]
     assert steps == list(range(1, 31)), "no step is lost or repeated"
 
 
@@ -50,7 +51,7 @@ def test_a_restart_after_an_oom_keeps_the_lowered_micro_batch(tmp_path: Path) ->
     second = train(config)
     assert second.status == "completed" and second.summary["micro_batch"] == 16
     assert second.summary["oom_fallbacks"] == [{"step": 4, "from": 32, "to": 16}]
-    assert len([e for e in read_jsonl(Path(raw["out_dir"]) / "events.jsonl") if e["event"] == "oom"]) == 1
+    assert len([e for e in read_jsonl(Path(raw["out_dir"]) / run_folder.EVENTS) if e["event"] == "oom"]) == 1
 
 
 def test_an_oom_at_micro_batch_1_is_not_retried(tmp_path: Path) -> None:

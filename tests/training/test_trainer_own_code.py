@@ -18,7 +18,7 @@ import pytest
 import torch
 from trainer_helpers import tiny_digits
 
-from trainer import exit_codes
+from trainer import exit_codes, run_folder
 from trainer.batch_finder import find_batch
 from trainer.checkpoint import CheckpointManager
 from trainer.cli import main
@@ -30,11 +30,11 @@ from trainer.train import train
 
 
 def metric_rows(run: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in (run / run_folder.METRICS).read_text().splitlines()]
 
 
 def newest_state(run: Path) -> dict[str, Any]:
-    found = CheckpointManager(run / "checkpoints").load_latest()
+    found = CheckpointManager(run / run_folder.CHECKPOINTS_DIR).load_latest()
     assert found is not None
     return found.state
 
@@ -277,7 +277,7 @@ def test_bad_optimizer_or_scheduler_is_named_before_training(
     with pytest.raises(ConfigError) as info:
         train(validate(mlp_run(tmp_path, **overrides)))
     assert any(__import__("re").search(message, p) for p in info.value.problems), info.value.problems
-    assert not (tmp_path / "run" / "checkpoints").exists()
+    assert not (tmp_path / "run" / run_folder.CHECKPOINTS_DIR).exists()
 
 
 def test_a_scheduler_replaces_the_built_in_warmup() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from trainer_helpers import subprocess_env, tiny_digits
 
-from trainer import exit_codes
+from trainer import exit_codes, run_folder
 from trainer.checkpoint import CheckpointManager
 from trainer.metrics import read_jsonl
 
@@ -48,8 +48,8 @@ def test_sigterm_during_evaluation_abandons_it_and_saves(tmp_path: Path) -> None
     assert proc.returncode == exit_codes.PREEMPTED, out
 
     run = Path(raw["out_dir"])
-    assert [p.name for p in CheckpointManager(run / "checkpoints").list()] == ["ckpt-5.pt"]
-    events = list(read_jsonl(run / "events.jsonl"))
+    assert [p.name for p in CheckpointManager(run / run_folder.CHECKPOINTS_DIR).list()] == ["ckpt-5.pt"]
+    events = list(read_jsonl(run / run_folder.EVENTS))
     kinds = [e["event"] for e in events]
     assert "eval_abandoned" in kinds and "eval" not in kinds, kinds
     preempt = next(e for e in events if e["event"] == "preempt")

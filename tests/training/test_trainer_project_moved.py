@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from trainer_helpers import tiny_digits
 
+from trainer import run_folder
 from trainer.batch_finder import find_batch
 from trainer.config import validate
 from trainer.metrics import read_jsonl
@@ -69,7 +70,7 @@ def run_config(tmp_path: Path, project: Path, model: str = "Net", **overrides: A
 
 
 def resume_event(raw: dict[str, Any]) -> dict[str, Any]:
-    return [e for e in read_jsonl(Path(raw["out_dir"]) / "events.jsonl") if e["event"] == "resume"][-1]
+    return [e for e in read_jsonl(Path(raw["out_dir"]) / run_folder.EVENTS) if e["event"] == "resume"][-1]
 
 
 def test_a_moved_project_resumes_and_the_move_is_said(tmp_path: Path, host_a: Path) -> None:

@@ -12,17 +12,19 @@ import pytest
 import torch
 from trainer_helpers import tiny_digits
 
+from trainer import run_folder
 from trainer.checkpoint import CheckpointManager
 from trainer.config import validate
 from trainer.train import train
 
 
 def losses(run: Path) -> list[tuple[int, float]]:
-    return [(r["step"], r["loss"]) for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
+    lines = (run / run_folder.METRICS).read_text().splitlines()
+    return [(r["step"], r["loss"]) for r in map(json.loads, lines)]
 
 
 def final_weights(run: Path) -> dict[str, torch.Tensor]:
-    found = CheckpointManager(run / "checkpoints").load_latest()
+    found = CheckpointManager(run / run_folder.CHECKPOINTS_DIR).load_latest()
     assert found is not None
     return found.state["model"]
 
@@ -57,7 +59,8 @@ def test_resume_mid_epoch_is_bit_exact(tmp_path: Path, extra: dict[str, Any]) ->
     config = validate({**raw, "out_dir": str(interrupted_dir)})
     first = train(config, on_step=sigterm_at(37))  # the signal lands after step 37; the save at 38
     assert (first.status, first.exit_code, first.summary["steps"]) == ("preempted", 3, 38)
-    assert [p.name for p in CheckpointManager(interrupted_dir / "checkpoints").list()] == ["ckpt-38.pt"]
+    saved = CheckpointManager(interrupted_dir / run_folder.CHECKPOINTS_DIR).list()
+    assert [p.name for p in saved] == ["ckpt-38.pt"]
 
     second = train(config)
     assert second.status == "completed"
@@ -76,11 +79,11 @@ def test_lost_work_is_counted_when_the_newest_checkpoint_is_gone(tmp_path: Path)
     config = validate(raw)
     run = Path(raw["out_dir"])
     train(config, on_step=sigterm_at(24))  # checkpoints at 10, 20 and 25 (stop)
-    (run / "checkpoints" / "ckpt-25.pt").write_bytes(b"not a zip: truncated by a full disk")
+    (run / run_folder.CHECKPOINTS_DIR / "ckpt-25.pt").write_bytes(b"not a zip: truncated by a full disk")
     result = train(config)
     assert result.summary["resumed_from_step"] == 20
     assert result.summary["lost_steps"] == 5
-    assert (run / "checkpoints" / "ckpt-25.pt.corrupt").exists()
+    assert (run / run_folder.CHECKPOINTS_DIR / "ckpt-25.pt.corrupt").exists()
     steps = [s for s, _ in losses(run)]
     assert steps == list(range(1, 31)), "metrics of redone steps must not appear twice"
 
@@ -89,7 +92,7 @@ def test_killed_before_the_first_checkpoint_restarts_from_zero_and_counts_the_lo
     raw = tiny_digits(tmp_path, steps=20)
     run = Path(raw["out_dir"])
     train(validate(raw), on_step=sigterm_at(11))
-    for ckpt in (run / "checkpoints").iterdir():  # as if the VM died before any save reached the disk
+    for ckpt in (run / run_folder.CHECKPOINTS_DIR).iterdir():  # as if the VM died before any save landed
         ckpt.unlink()
     result = train(validate(raw))
     assert (result.summary["resumed_from_step"], result.summary["lost_steps"]) == (0, 12)

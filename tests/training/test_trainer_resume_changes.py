@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from trainer_helpers import tiny_digits
 
-from trainer import exit_codes
+from trainer import exit_codes, run_folder
 from trainer.cli import main
 from trainer.config import ConfigError, validate
 from trainer.metrics import read_jsonl
@@ -78,7 +78,7 @@ def test_safe_changes_are_allowed_and_said(tmp_path: Path) -> None:
     changed = {**raw, "log_every_steps": 5, "price_per_hour": 1.5, "eval_every_steps": 20}
     result = train(validate(changed))
     assert result.status == "completed" and result.summary["resumed_from_step"] == 10
-    resume = [e for e in read_jsonl(Path(raw["out_dir"]) / "events.jsonl") if e["event"] == "resume"][-1]
+    resume = [e for e in read_jsonl(Path(raw["out_dir"]) / run_folder.EVENTS) if e["event"] == "resume"][-1]
     said = " | ".join(resume["config_changes"])
     assert "steps: 10 -> 40" in said and "log_every_steps: 1 -> 5" in said and "price_per_hour" in said
 
@@ -87,5 +87,5 @@ def test_allow_config_change_resumes_with_a_new_lr_on_purpose(tmp_path: Path) ->
     raw = stopped_run(tmp_path)
     result = train(validate({**raw, "lr": 0.001, "allow_config_change": True}))
     assert result.status == "completed" and result.summary["resumed_from_step"] == 10
-    resume = [e for e in read_jsonl(Path(raw["out_dir"]) / "events.jsonl") if e["event"] == "resume"][-1]
+    resume = [e for e in read_jsonl(Path(raw["out_dir"]) / run_folder.EVENTS) if e["event"] == "resume"][-1]
     assert any(c.startswith("lr: 0.003 -> 0.001") and "allowed by" in c for c in resume["config_changes"])

@@ -19,6 +19,7 @@ from trainer_helpers import tiny_digits
 
 from forja.cli import SUMMARY_SHOWN
 from forja.history import summary_fields
+from trainer import run_folder
 from trainer.config import validate
 from trainer.report import render
 from trainer.summary import FIELDS, HEADLINE
@@ -26,7 +27,7 @@ from trainer.train import train
 
 
 def written(run: Path) -> dict[str, Any]:
-    return json.loads((run / "summary.json").read_text())
+    return json.loads((run / run_folder.SUMMARY).read_text())
 
 
 def test_the_built_in_loop_writes_exactly_the_field_list_and_forja_reads_it(tmp_path: Path) -> None:

@@ -10,17 +10,19 @@ from pathlib import Path
 import torch
 from trainer_helpers import tiny_digits
 
+from trainer import run_folder
 from trainer.checkpoint import CheckpointManager
 from trainer.config import validate
 from trainer.train import train
 
 
 def losses(run: Path) -> list[tuple[int, float]]:
-    return [(r["step"], r["loss"]) for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
+    lines = (run / run_folder.METRICS).read_text().splitlines()
+    return [(r["step"], r["loss"]) for r in map(json.loads, lines)]
 
 
 def weights(run: Path) -> dict[str, torch.Tensor]:
-    found = CheckpointManager(run / "checkpoints").load_latest()
+    found = CheckpointManager(run / run_folder.CHECKPOINTS_DIR).load_latest()
     assert found is not None
     return found.state["model"]
 

@@ -32,6 +32,7 @@ import yaml
 
 from forja.history import History, summary_fields
 from forja.live import LiveError, scrape
+from trainer import run_folder
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -106,7 +107,7 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
         history.record_event("digits-done", "zone_moved", from_zone="us-east1-d", to_zone="us-east1-b",
                              seconds_down=60.0)  # fmt: skip
         ended = datetime.fromisoformat(started) + timedelta(seconds=300)  # the watcher's outages fit in it
-        summary = summary_fields(json.loads((done / "summary.json").read_text()))
+        summary = summary_fields(json.loads((done / run_folder.SUMMARY).read_text()))
         history.update("digits-done", status="completed", artifact_dir=str(done), ended_at=ended.isoformat(),
                        **summary)  # fmt: skip
 

@@ -20,7 +20,7 @@ from forja.api import Forja
 from forja.cli import app
 from forja.history import History
 from forja.ui.server import Dashboard, make_app
-from trainer import finite
+from trainer import finite, run_folder
 from trainer.live import LiveMetrics
 
 TOKEN = "t0ken-for-the-test"
@@ -46,7 +46,7 @@ def client(tmp_path: Path) -> Any:
     history = History(tmp_path / "history.sqlite")
     run = tmp_path / "results" / "nan-run" / "host"
     run.mkdir(parents=True)
-    (run / "summary.json").write_text('{"status": "diverged", "steps": 3, "final_loss": NaN}\n')
+    (run / run_folder.SUMMARY).write_text('{"status": "diverged", "steps": 3, "final_loss": NaN}\n')
     history.start("nan-run", name="nan-run", hosts=["host"])
     history.update("nan-run", status="diverged", artifact_dir=str(run), ended_at="2026-11-29T06:00:00+00:00")
     board = Dashboard(Forja(tmp_path, history=history), [f"http://127.0.0.1:{port}/metrics"])

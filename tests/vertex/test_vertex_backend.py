@@ -23,15 +23,15 @@ import yaml
 from trainer_helpers import tiny_digits
 from typer.testing import CliRunner
 
-from forja import errors
-from forja import vertex as forja_vertex
+from forja import errors, vertex_job
 from forja.api import Forja
 from forja.cli import app
 from forja.errors import ConfigError, ExitCode
 from forja.history import History
-from forja.vertex import VertexOptions
+from forja.vertex_job import VertexOptions
 from forja_sandbox.storage_emulator import StorageEmulator
 from forja_sandbox.vertex_emulator import VertexEmulator
+from trainer import run_folder
 
 storage = pytest.importorskip("google.cloud.storage")
 PARENT = "projects/forja-sandbox/locations/us-central1"
@@ -130,15 +130,15 @@ def test_a_config_trains_as_a_vertex_job_and_its_results_land_in_the_bucket(
     assert result.summary["steps"] == 12 and result.summary["final_loss"] > 0, result.summary
     # Figures only the trainer's summary.json has (a summary rebuilt from metrics lines lacks them):
     assert result.summary["world_size"] == 1 and result.summary["samples_per_s"] > 0, result.summary
-    assert json.loads((result.artifact_dir / "summary.json").read_text()) == result.summary
+    assert json.loads((result.artifact_dir / run_folder.SUMMARY).read_text()) == result.summary
     # The replica's own output came through Cloud Logging while forja waited, said by its task name,
     # every line of its log file and in the same order.
     streamed = [text for host, text in lines if host == "workerpool0-0"]
     assert streamed == job.replicas[0].log.read_text().splitlines(), streamed[-5:]
     assert any("step" in line for line in streamed), streamed[-5:]
     assert result.artifact_dir == tmp_path / "forja-runs" / "tiny-vertex" / "vertex"
-    assert json.loads((result.artifact_dir / "model" / "model.json").read_text())["step"] == 12
-    assert not (result.artifact_dir / "checkpoints").exists(), (
+    assert json.loads((result.artifact_dir / run_folder.MODEL_DIR / "model.json").read_text())["step"] == 12
+    assert not (result.artifact_dir / run_folder.CHECKPOINTS_DIR).exists(), (
         "checkpoints stay in the bucket unless asked for"
     )
     states = [t.rsplit(": ", 1)[-1] for t in said if t.startswith("job ") and ": JOB_STATE" in t]
@@ -259,9 +259,9 @@ def test_under_json_what_only_the_run_s_start_can_check_is_a_field(
 
 def test_the_package_is_named_by_what_goes_in(tmp_path: Path) -> None:
     one, other = config_file(tmp_path / "a", steps=1), config_file(tmp_path / "b", steps=2)
-    same = forja_vertex.content_hash(forja_vertex._package_files(one))
-    assert same == forja_vertex.content_hash(forja_vertex._package_files(one))
-    assert same != forja_vertex.content_hash(forja_vertex._package_files(other))
+    same = vertex_job.content_hash(vertex_job.package_files(one))
+    assert same == vertex_job.content_hash(vertex_job.package_files(one))
+    assert same != vertex_job.content_hash(vertex_job.package_files(other))
 
 
 def package_job(uri: str) -> dict[str, Any]:
@@ -269,7 +269,7 @@ def package_job(uri: str) -> dict[str, Any]:
         "machine_spec": {"machine_type": "n1-standard-4"},
         "replica_count": 1,
         "python_package_spec": {
-            "executor_image_uri": forja_vertex.EXECUTOR_IMAGE,
+            "executor_image_uri": vertex_job.EXECUTOR_IMAGE,
             "package_uris": [uri],
             "python_module": "trainer",
             "args": ["--help"],
@@ -316,7 +316,7 @@ def exiting_job(run_id: str, bucket: str, code: int) -> dict[str, Any]:
         "container_spec": {"image_uri": "python:3.11-slim",
                            "command": [sys.executable, "-c", f"raise SystemExit({code})"]},
     }
-    output = f"gs://{bucket}/{forja_vertex.RUNS_PREFIX}{run_id}/"
+    output = f"gs://{bucket}/{vertex_job.RUNS_PREFIX}{run_id}/"
     return {"display_name": run_id, "job_spec": {"worker_pool_specs": [pool],
                                                  "base_output_directory": {"output_uri_prefix": output}}}
 
@@ -336,7 +336,8 @@ def test_a_job_whose_trainer_diverged_is_named_diverged_not_failed(
     divergence = {"step": 10, "reason": "loss is NaN", "last_finite_step": 9, "last_finite_loss": 2.25,
                   "last_good_checkpoint": "ckpt-8.pt"}  # fmt: skip
     summary = {"status": "diverged", "steps": 10, "exit_code": 7, "divergence": divergence}
-    bucket.blob("vertex/runs/nan-lr/logs/summary.json").upload_from_string(json.dumps(summary))
+    bucket.blob(f"vertex/runs/nan-lr/{run_folder.LOGS_DIR}/{run_folder.SUMMARY}").upload_from_string(
+        json.dumps(summary))
     forja = Forja(project_dir=tmp_path, history=History(tmp_path / "history.db"))
     for run_id, code in (("nan-lr", 7), ("no-summary", 7), ("crashed", 1)):
         forja.history.start(run_id, name=run_id)

@@ -19,6 +19,7 @@ from google.cloud.aiplatform_v1.types import JobState
 from trainer_helpers import REPO, tiny_digits
 
 from forja_sandbox.vertex_emulator import VertexEmulator
+from trainer import run_folder
 
 FINAL = (JobState.JOB_STATE_SUCCEEDED, JobState.JOB_STATE_FAILED, JobState.JOB_STATE_CANCELLED)
 
@@ -52,6 +53,6 @@ def test_the_trainer_runs_ddp_across_two_replicas(emulator: VertexEmulator, tmp_
 
     logs = {r.label: r.log.read_text()[-2000:] for r in emulator.job(job.name).replicas}
     assert job.state == JobState.JOB_STATE_SUCCEEDED, logs
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    summary = json.loads((tmp_path / "run" / run_folder.SUMMARY).read_text())
     assert summary["world_size"] == 2, summary
     assert summary["status"] == "completed"

@@ -63,9 +63,11 @@ import urllib.request
 from typing import Any
 
 # Numbers for people, the rules forja and the trainer print with (trainer/figures.py, installed
-# beside this script as forja_figures.py by the role): one home for them, stdlib only.
+# beside this script as forja_figures.py by the role), and the names of a run folder's files
+# (trainer/run_folder.py, installed as forja_run_folder.py): one home for each, stdlib only.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import forja_figures as figures
+import forja_run_folder as run_folder
 
 DEFAULTS: dict[str, Any] = {
     "idle_minutes": 30.0,
@@ -112,8 +114,7 @@ NUMBERS = (
 )
 STALL_ACTIONS = ("stop", "warn", "off")
 ACTIONS = ("poweroff", "stop", "warn")
-#: The trainer's live metrics (trainer/live.py): the file naming a run's port, and the one gauge read.
-LIVE_FILE = "live.json"
+#: The trainer's live metrics (trainer/live.py): the one gauge read (run_folder.LIVE names the port).
 PROGRESS_METRIC = "forja_train_last_progress_timestamp_seconds"
 MIN_BILLED_S = 60.0  # Compute Engine bills at least one minute per start
 
@@ -485,13 +486,13 @@ def progress_value(text: str, run: str) -> float | None:
 def read_progress(run_dir: str, run: str) -> tuple[float | None, int | None, str]:
     """(last progress, serving pid, how it went) for one run, from its live.json and endpoint."""
     try:
-        with open(os.path.join(run_dir, run, LIVE_FILE), encoding="utf-8") as handle:
+        with open(os.path.join(run_dir, run, run_folder.LIVE), encoding="utf-8") as handle:
             served = json.load(handle)
         port, pid = int(served["port"]), int(served["pid"])
     except FileNotFoundError:
         return None, None, "no live metrics (yet)"
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        return None, None, f"unreadable {LIVE_FILE} ({exc})"
+        return None, None, f"unreadable {run_folder.LIVE} ({exc})"
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
             text = response.read().decode("utf-8", errors="replace")

@@ -1,7 +1,7 @@
 """`forja data push PATH`: the CLI side of `Forja.push_data` (parse, show progress, print).
 
-In its own file so forja/cli.py, which many parts edit, gains one line; it registers through
-forja.cli's `verb`, so the help is the API's docstring and errors take the one error path.
+It registers through forja/cli/common.py's `verb`, so the help is the API's docstring and errors
+take the one error path; its own progress display shows bytes and files, as a push is measured.
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from rich.table import Table
 
 from forja import format as fmt
 from forja.api import Forja
-from forja.cli import _emit_json, _forja, _opts, _result_table, console, out, verb
+from forja.cli.common import console, emit_json, forja_for, global_options, out, result_table, verb
 
-data_app = typer.Typer(name="data", no_args_is_help=True)
+commands = typer.Typer(name="data", help="Datasets: push a folder to the project's bucket.",
+                       no_args_is_help=True)
 
 _PHASES = {"hash": "hashing", "upload": "uploading", "manifest": "writing the manifest"}
 
@@ -49,7 +50,7 @@ def _bytes(n: int) -> str:
     return f"{value:.1f} TiB"
 
 
-@verb(Forja.push_data, "push", register=data_app.command)
+@verb(Forja.push_data, "push", register=commands.command)
 def push(
     ctx: typer.Context,
     path: Annotated[Path, typer.Argument(help="The dataset folder.")],
@@ -67,13 +68,13 @@ def push(
         bool, typer.Option("--to-host", help="Straight to the VM's disk (rsync), even if there is a bucket.")
     ] = False,
 ) -> None:
-    forja = _forja(ctx)
-    if _opts(ctx).json or to_host:
+    forja = forja_for(ctx)
+    if global_options(ctx).json or to_host:
         result = forja.push_data(path, name, bucket, threads=threads, excludes=exclude or [], to_host=to_host)
-        if _opts(ctx).json:
-            _emit_json(result.as_dict() if hasattr(result, "as_dict") else result)
+        if global_options(ctx).json:
+            emit_json(result.as_dict() if hasattr(result, "as_dict") else result)
         else:
-            out.print(_result_table(result))
+            out.print(result_table(result))
         return
     with Progress(
         TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
@@ -88,7 +89,7 @@ def push(
         result = forja.push_data(path, name, bucket, threads=threads, excludes=exclude or [],
                                  on_progress=on_progress)
     if not hasattr(result, "uploaded_files"):  # no bucket anywhere: the playbook sent it straight to the VMs
-        out.print(_result_table(result))
+        out.print(result_table(result))
         return
     out.print(_table(result))
     if result.secrets_excluded:

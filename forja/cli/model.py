@@ -1,9 +1,8 @@
 """`forja model push RUN --repo NS/NAME`: the CLI side of `Forja.model_push` (parse, print).
 
-In its own file so forja/cli.py, which many parts edit, gains one line; it registers through
-forja.cli's `verb`, so the help is the API's docstring and errors take the one error path. There is
-no option that takes the token itself: a command line is visible to every user of the machine (ps)
-and lands in shell history.
+It registers through forja/cli/common.py's `verb`, so the help is the API's docstring and errors
+take the one error path. There is no option that takes the token itself: a command line is visible
+to every user of the machine (ps) and lands in shell history.
 """
 
 from __future__ import annotations
@@ -15,12 +14,13 @@ from typing import Annotated
 import typer
 
 from forja.api import Forja
-from forja.cli import _emit_json, _forja, _opts, out, verb
+from forja.cli.common import emit_json, forja_for, global_options, out, verb
 
-model_app = typer.Typer(name="model", no_args_is_help=True)
+commands = typer.Typer(name="model", help="Trained models: push one to the Hugging Face Hub.",
+                       no_args_is_help=True)
 
 
-@verb(Forja.model_push, "push", register=model_app.command)
+@verb(Forja.model_push, "push", register=commands.command)
 def push(
     ctx: typer.Context,
     run: Annotated[str, typer.Argument(help="Run name (its fetched results hold model/).")],
@@ -33,9 +33,10 @@ def push(
         Path | None, typer.Option("--folder", help="An exported model folder instead of the run's results.")
     ] = None,
 ) -> None:
-    pushed = _forja(ctx).model_push(run, repo, token_file=token_file, private=private or None, folder=folder)
-    if _opts(ctx).json:
-        _emit_json(dataclasses.asdict(pushed))
+    pushed = forja_for(ctx).model_push(run, repo, token_file=token_file, private=private or None,
+                                       folder=folder)
+    if global_options(ctx).json:
+        emit_json(dataclasses.asdict(pushed))
     else:
         out.print(f"pushed {', '.join(pushed.files)} (step {pushed.step}) to {pushed.url} as {pushed.user}")
         out.print(f"commit {pushed.commit_url}")

@@ -1,0 +1,122 @@
+"""The `forja` command: a thin typer/rich shell over `forja.api.Forja`.
+
+Every verb is a `Forja` method, registered with `verb(Forja.method, register=...)`: the command's
+help is the method's docstring (one text for the API and the CLI), and every error takes one path
+(`exit_on_error`): a `ForjaError` prints its message (or one JSON document under `--json`) and exits
+with its code. The commands only parse options, call the method and print. Exit codes mean something
+(see `ExitCode`): 0 ok, 1 a playbook task failed, 2 bad usage or input, 3 a host is unreachable,
+4 cancelled, 5 not found, 6 the VM is stopped (the message says since when and why; `forja up`
+starts it), 7 the command stopped following a run that goes on (`--timeout` expired, or Ctrl-C:
+not a failure of the run).
+
+Tables show numbers for people (`forja.format`: `0.008180`, `0.2¢`, `$0.71/h`, `2h 05m`);
+`--json` prints the API's values at full precision.
+
+The package in layers: forja/cli/common.py below (the global options, the error path, the printers,
+`verb`, the `Forja` factory), one module per part above it (hosts, train, runs, live, cost, data,
+model, vertex), each importing common and never another part, and this module on top: the root
+`app` with the global options, every part registered from the one list `PARTS`, so this stays the
+single entry point (`forja = forja.cli:app`).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import re
+from typing import Annotated, Any
+
+import typer
+
+from forja.cli import cost, data, hosts, live, model, runs, train, vertex
+from forja.cli.common import EXIT_CODES_HELP, SUMMARY_SHOWN, Options
+
+__all__ = ["EXIT_CODES_HELP", "SUMMARY_SHOWN", "app"]
+
+app = typer.Typer(
+    name="forja",
+    help="Reproducible GPU training hosts: provision, configure, train, fetch, stop. " + EXIT_CODES_HELP,
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+#: What Ansible (and Python) accept as a variable name: a key with a space or a newline names nothing.
+VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def _parse_extravars(pairs: list[str]) -> dict[str, Any]:
+    """`-e key=value` pairs; values are parsed as JSON when they look like JSON, else kept as text."""
+    parsed: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"{pair!r}: expected KEY=VALUE", param_hint="--extra-var/-e")
+        if not VARIABLE_NAME.match(key):  # Ansible would take it, and no role would ever read it
+            raise typer.BadParameter(
+                f"{key!r} is not a variable name (letters, digits and '_', not starting with a digit; "
+                "e.g. trainer_run_wait_timeout_s=600)", param_hint="--extra-var/-e")
+        try:
+            parsed[key] = json.loads(value)
+        except ValueError:
+            parsed[key] = value
+    return parsed
+
+
+@app.callback()
+def main(
+    ctx: typer.Context,
+    inventory: Annotated[
+        str | None,
+        typer.Option("--inventory", "-i",
+                     help="inventory/gcp_gpu.yml (Google Cloud) or inventory/sandbox (the local sandbox); "
+                          "default: $FORJA_INVENTORY."),
+    ] = None,
+    limit: Annotated[
+        str | None, typer.Option("--limit", "-l", help="Only these hosts (Ansible pattern).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document for scripts.")] = False,
+    host_key_checking: Annotated[
+        bool,
+        typer.Option(
+            "--host-key-checking/--no-host-key-checking",
+            help="Verify SSH host keys (on by default; the sandbox's throwaway hosts turn it off).",
+        ),
+    ] = True,
+    extra_var: Annotated[
+        list[str] | None, typer.Option("--extra-var", "-e", help="KEY=VALUE passed to the playbooks.")
+    ] = None,
+) -> None:
+    """Reproducible GPU training hosts on Google Cloud (or the local sandbox)."""
+    ctx.obj = Options(
+        inventory=inventory,
+        limit=limit,
+        json=as_json,
+        host_key_checking=host_key_checking,
+        extravars=_parse_extravars(extra_var or []),
+    )
+
+
+#: Every part's commands, in the order `forja --help` lists them. A part without a name (hosts,
+#: train, runs, live) adds its verbs to the root (`forja up`); a named one is a group (`forja cost`).
+PARTS: tuple[typer.Typer, ...] = (
+    hosts.commands,
+    train.commands,
+    runs.commands,
+    live.commands,
+    cost.commands,
+    data.commands,
+    model.commands,
+    vertex.commands,
+)
+for _part in PARTS:
+    app.add_typer(_part)
+
+# Commands that installed packages add through the `forja.cli` entry points: `forja sandbox` comes
+# from the sandbox (pyproject.toml), which forja itself never imports. One that cannot be imported
+# (the sandbox without its `sandbox` extra) is left out: the product runs without it.
+for _entry in importlib.metadata.entry_points(group="forja.cli"):
+    try:
+        app.add_typer(_entry.load(), name=_entry.name)
+    except ImportError:
+        continue

@@ -1,0 +1,152 @@
+"""`forja status | logs | fetch | stop | runs`: a run once started, on its hosts and in the history.
+
+Each verb is one `Forja` method; its table is here, the shared printers in forja/cli/common.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from forja import format as fmt
+from forja.api import Forja
+from forja.cli.common import (
+    ClusterOption,
+    console,
+    ctrl_c_sets,
+    emit_json,
+    forja_for,
+    global_options,
+    out,
+    result_table,
+    run_playbooks,
+    steps,
+    verb,
+)
+
+#: No name: its verbs are the root's own (`forja status`), registered in forja/cli/__init__.py.
+commands = typer.Typer()
+
+
+@verb(Forja.status, register=commands.command)
+def status(
+    ctx: typer.Context,
+    name: Annotated[str | None, typer.Argument(help="Run name (default: every run on the hosts).")] = None,
+    cluster: ClusterOption = None,
+) -> None:
+    states = forja_for(ctx, cluster=cluster).status(name)
+    if global_options(ctx).json:
+        emit_json(states)
+        return
+    table = Table(title="training runs")
+    for col in ("host", "run", "rank", "unit", "status", "step", "loss", "elastic restarts"):
+        table.add_column(col, justify="right" if col in ("step", "loss", "elastic restarts") else "left")
+    for s in states:  # rank and restarts of a run on several nodes (a cluster's members)
+        table.add_row(s.host, s.run, f"{s.node_rank} of {s.nnodes}" if s.nnodes > 1 else "", s.unit_state,
+                      s.status, steps(s.step, s.total_steps), fmt.loss(s.loss),
+                      "" if s.elastic_restarts is None else str(s.elastic_restarts))
+    out.print(table)
+
+
+@verb(Forja.logs, register=commands.command,
+      epilog="With -f, new lines as the run writes them, until it ends (Forja.follow_logs).")
+def logs(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Run name.")],
+    lines: Annotated[int, typer.Option("--lines", "-n", help="How many journal lines per host.")] = 50,
+    follow_journal: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new lines until the run ends (or Ctrl-C).")
+    ] = False,
+) -> None:
+    if follow_journal:
+        _follow_logs(ctx, name, lines)
+        return
+    per_host = forja_for(ctx).logs(name, lines=lines)
+    if global_options(ctx).json:
+        emit_json(per_host)
+        return
+    for host, text in sorted(per_host.items()):
+        console.rule(host)
+        sys.stdout.write(text.rstrip("\n") + "\n")
+
+
+def _follow_logs(ctx: typer.Context, name: str, lines: int) -> None:
+    """`logs -f`: new journal lines as they come (JSON lines {host, text} under --json); ends with the run."""
+    o = global_options(ctx)
+    interrupted = threading.Event()
+    shown = ""
+    with ctrl_c_sets(interrupted):
+        for host, text in forja_for(ctx).follow_logs(name, lines=lines, cancel=interrupted):
+            if o.json:
+                sys.stdout.write(json.dumps({"host": host, "text": text}) + "\n")
+            else:
+                if host != shown:
+                    console.rule(host)
+                    shown = host
+                sys.stdout.write(text if text.endswith("\n") else text + "\n")
+            sys.stdout.flush()
+    if interrupted.is_set():
+        console.print(f"[yellow]stopped following the journal; run {name} goes on[/]")
+
+
+@verb(Forja.fetch, register=commands.command)
+def fetch(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Run name.")],
+    dest: Annotated[Path | None, typer.Option("--dest", help="Where to put the results.")] = None,
+    checkpoints: Annotated[bool, typer.Option("--checkpoints", help="Also fetch checkpoints.")] = False,
+) -> None:
+    result = forja_for(ctx).fetch(name, dest=dest, checkpoints=checkpoints)
+    if global_options(ctx).json:
+        emit_json(result)
+    else:
+        out.print(result_table(result))
+        out.print(f"results in {result.artifact_dir}")
+
+
+@verb(Forja.stop, register=commands.command)
+def stop(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Run name.")],
+) -> None:
+    run_playbooks(ctx, lambda f: f.stop(name))
+
+
+@verb(Forja.runs, register=commands.command)
+def runs(
+    ctx: typer.Context,
+    limit: Annotated[int, typer.Option("--limit", "-n", help="Newest N runs.")] = 20,
+    status_filter: Annotated[str | None, typer.Option("--status", help="Only runs with this status.")] = None,
+    sync: Annotated[
+        bool, typer.Option("--sync", help="First read every run on the hosts (adds runs started elsewhere).")
+    ] = False,
+) -> None:
+    records = forja_for(ctx).runs(limit=limit, status=status_filter, sync=sync)
+    if global_options(ctx).json:
+        emit_json(records)
+        return
+    table = Table(title="runs")
+    for col in ("run", "status", "hosts", "started", "steps", "loss", "cost", "preempt", "artifacts"):
+        justify = "right" if col in ("steps", "loss", "cost", "preempt") else "left"
+        table.add_column(col, no_wrap=col in ("run", "status", "started"), justify=justify)
+    for r in records:
+        table.add_row(
+            r.run_id,
+            r.status,
+            ",".join(r.hosts),
+            fmt.timestamp(r.started_at),
+            fmt.count(r.steps),
+            fmt.loss(r.last_loss),
+            fmt.money(r.cost_usd),
+            str(r.preemptions),
+            r.artifact_dir or "",
+        )
+    out.print(table)
+
+

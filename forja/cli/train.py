@@ -1,0 +1,262 @@
+"""`forja train | watch | follow`: start a run and follow it to its end, or keep a Spot VM's run going.
+
+`train` and `follow` share the follow-and-print path of forja/cli/common.py (`follow_command`) with
+`forja vertex follow`; a Vertex job (`--backend vertex`) takes the same path with the job's own
+options, which this module turns into the API's `VertexOptions`. The managed options' defaults
+(`--max-recoveries`, `--max-down`, `--poll`) are forja.managed's, the watcher's own.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from typer.core import TyperCommand
+
+from forja import trainer_config
+from forja.api import Forja
+from forja.cli.common import (
+    RUN_GOES_ON,
+    ClusterOption,
+    console,
+    exit_on_error,
+    follow_command,
+    forja_for,
+    global_options,
+    out,
+    verb,
+)
+from forja.errors import ForjaError
+from forja.managed import MAX_DOWN, MAX_RECOVERIES, POLL_S, RecoveryBudget, seconds
+from forja.vertex_job import DEFAULT_REGION, VertexOptions
+
+#: No name: its verbs are the root's own (`forja train`), registered in forja/cli/__init__.py.
+commands = typer.Typer()
+
+FOLLOWING = ("Following has no time limit. Ctrl-C stops following and leaves the run going (exit 7); "
+             "so does an expired --timeout. `forja follow NAME` picks it up again, "
+             "`forja stop NAME` ends it.")
+
+
+class _ScriptArgsCommand(TyperCommand):
+    """Keeps everything after the first `--` for the user's script (`--script train.py -- --lr 3e-4`)
+    instead of letting it fill the command's own positional arguments."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if "--" in args:
+            cut = args.index("--")
+            ctx.meta["forja_script_args"] = args[cut + 1:]
+            args = args[:cut]
+        return super().parse_args(ctx, args)
+
+
+# The watcher's options (`train --managed`, `watch`), then the Vertex job's (`train --backend vertex`).
+FallbackZones = Annotated[
+    list[str] | None,
+    typer.Option("--fallback-zone", help="A zone to move the run's VM to when its own has no capacity "
+                 "left (repeat it; tried in order, the zone that just failed last)."),
+]
+MaxRecoveries = Annotated[
+    int, typer.Option("--max-recoveries", help="Most restarts and zone moves, all together.")
+]
+MaxDown = Annotated[str, typer.Option("--max-down", help="Most time down, all outages together (e.g. 6h).")]
+MaxDownUsd = Annotated[
+    float | None, typer.Option("--max-down-usd", help="Most dollars spent while down (the disk bills).")
+]
+Poll = Annotated[float, typer.Option("--poll", help="Seconds between looks at the VM.")]
+Backend = Annotated[str, typer.Option("--backend", help="vm: the inventory's VM; vertex: a Vertex AI "
+                                      "custom job (the built-in trainer on CONFIG; `forja vertex --help`).")]
+VertexBucket = Annotated[str | None, typer.Option(
+    "--bucket", help="vertex: gs://BUCKET for the package and the results (default: the inventory's "
+    "gcp_bucket_name).")]
+VertexRegion = Annotated[str | None, typer.Option("--region", help="vertex: the region (us-central1).")]
+VertexMachine = Annotated[str | None, typer.Option("--machine-type", help="vertex: the machine of each "
+                                                   "replica (default: the VM's, g2-standard-8).")]
+VertexAccelerator = Annotated[str | None, typer.Option("--accelerator", help="vertex: e.g. NVIDIA_L4 "
+                                                       "(default: what the machine type carries).")]
+VertexAcceleratorCount = Annotated[int | None, typer.Option("--accelerator-count", help="vertex: GPUs per "
+                                                            "replica (default: the machine type's).")]
+VertexReplicas = Annotated[int, typer.Option("--replicas", help="vertex: machines in all (DDP across them).")]
+
+
+@verb(Forja.train, register=commands.command, cls=_ScriptArgsCommand, on_interrupt=RUN_GOES_ON,
+      epilog=FOLLOWING)
+def train(
+    ctx: typer.Context,
+    config: Annotated[
+        Path | None,
+        typer.Argument(help="Trainer config YAML (e.g. trainer/configs/digits.yaml); optional with --script"),
+    ] = None,
+    script: Annotated[
+        Path | None,
+        typer.Option("--script", "-s", help="Your own script in the project, run instead of the built-in "
+                     "trainer; its arguments go after --, e.g. --script train.py -- --lr 3e-4."),
+    ] = None,
+    project: Annotated[
+        Path | None, typer.Option("--project", "-p", help="Your project folder to send with the trainer.")
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option("--name", help="Run name (default: config or script name + time).")
+    ] = None,
+    replace: Annotated[
+        bool, typer.Option("--replace", help="Reuse the --name of an ended run: the old run is kept as "
+                           "NAME-replaced-<time> (history, results, its folder on the VM, its checkpoints "
+                           "in the bucket) and the new one starts afresh.")
+    ] = False,
+    exclude: Annotated[
+        list[str] | None, typer.Option("--exclude", "-x", help="Extra glob to keep out of the upload.")
+    ] = None,
+    detach: Annotated[
+        bool, typer.Option("--detach", "-d", help="Start the run, print its id and return at once.")
+    ] = False,
+    timeout: Annotated[
+        float | None,
+        typer.Option("--timeout", help="Stop following after S seconds; the run goes on (exit 7). "
+                     "Default: follow the run until it ends, however long."),
+    ] = None,
+    procs: Annotated[
+        int | None,
+        typer.Option("--procs", help="Processes per host (DDP under torchrun). Default: one per GPU, "
+                     "or trainer_run_cpu_procs on a host without a GPU."),
+    ] = None,
+    checkpoints: Annotated[bool, typer.Option("--checkpoints", help="Also fetch checkpoints.")] = False,
+    cluster: ClusterOption = None,
+    managed: Annotated[
+        bool, typer.Option("--managed", help="Send the run, then watch it (as `forja watch`): a preempted "
+                           "VM is started again, one out of capacity moved to a --fallback-zone.")
+    ] = False,
+    fallback_zone: FallbackZones = None,
+    max_recoveries: MaxRecoveries = MAX_RECOVERIES,
+    max_down: MaxDown = MAX_DOWN,
+    max_down_usd: MaxDownUsd = None,
+    poll: Poll = POLL_S,
+    backend: Backend = "vm",
+    bucket: VertexBucket = None,
+    region: VertexRegion = None,
+    machine_type: VertexMachine = None,
+    accelerator: VertexAccelerator = None,
+    accelerator_count: VertexAcceleratorCount = None,
+    replicas: VertexReplicas = 1,
+) -> None:
+    args = list(ctx.meta.get("forja_script_args", []))
+    judged = _judge(ctx, config, script)
+    if backend != "vm":  # the same follow and printing, the job's own options
+        options = _vertex_options(bucket, region, machine_type, accelerator, accelerator_count, replicas)
+        follow_command(ctx, lambda f, interrupted: f.train(
+            config, script=script, args=args, project=project, name=name, excludes=exclude or [],
+            wait=not detach, checkpoints=checkpoints, timeout_s=timeout, procs=procs, cancel=interrupted,
+            backend=backend, vertex=options, replace=replace), timeout, cluster)  # fmt: skip
+        return
+    if judged is not None:
+        _show_estimate(ctx, judged, cluster)
+    if managed:
+        with exit_on_error(ctx, RUN_GOES_ON):
+            budget = _budget(max_recoveries, max_down, max_down_usd)
+            why = forja_for(ctx, cluster=cluster).train_managed(
+                config, fallback_zones=fallback_zone or [], budget=budget, poll_s=poll, say=_say,
+                script=str(script) if script else None, args=args, project=str(project) if project else None,
+                name=name, excludes=exclude or [], procs=procs, replace=replace)
+            out.print(why)
+        return
+    follow_command(
+        ctx,
+        lambda f, interrupted: f.train(
+            config, script=script, args=args, project=project, name=name, excludes=exclude or [],
+            wait=not detach, checkpoints=checkpoints, timeout_s=timeout, procs=procs, cancel=interrupted,
+            replace=replace,
+        ),
+        timeout,
+        cluster,
+    )
+
+
+def _judge(ctx: typer.Context, config: Path | None, script: Path | None) -> Path | None:
+    """The trainer's check of CONFIG, first: a config it refuses gets its error (and no estimate).
+    A valid one (returned) gets the line saying what only the run's start can check (under --json,
+    the result's `unchecked`). None when there is no config to judge: train's own error says why."""
+    if config is None or script is not None or not config.is_file():
+        return None
+    with exit_on_error(ctx, "cancelled"):
+        judged = trainer_config.judge(config.resolve())
+    if not global_options(ctx).json:
+        console.print(judged.said, soft_wrap=True, highlight=False)
+    return config
+
+
+def _vertex_options(
+    bucket: str | None,
+    region: str | None,
+    machine_type: str | None,
+    accelerator: str | None,
+    accelerator_count: int | None,
+    replicas: int,
+) -> VertexOptions:
+    """`forja train --backend vertex`'s options as the API's VertexOptions (None: its default)."""
+    return VertexOptions(bucket=bucket, region=region or DEFAULT_REGION, machine_type=machine_type,
+                         accelerator_type=accelerator, accelerator_count=accelerator_count,
+                         replica_count=replicas)  # fmt: skip
+
+
+def _show_estimate(ctx: typer.Context, config: Path, cluster: str | None = None) -> None:
+    """`forja train`'s estimate before sending (stderr): a run not priced says why and goes on; a
+    cluster the inventory does not have is the command's error, said once, before anything is sent."""
+    try:
+        found = forja_for(ctx, cluster=cluster).estimate(config)
+    except ForjaError as exc:
+        if getattr(exc, "field", None) == "--cluster":
+            raise
+        console.print(f"no cost estimate: {exc.message}", soft_wrap=True, highlight=False)
+        return
+    console.print(found.describe(), soft_wrap=True, highlight=False)
+
+
+def _budget(recoveries: int, down: str, down_usd: float | None) -> RecoveryBudget:
+    """The watcher's budget from the options (the API checks it, with the zones, before anything runs)."""
+    return RecoveryBudget(recoveries, seconds(down, "--max-down"), down_usd)
+
+
+def _say(line: str) -> None:
+    """A watcher's line for people (stderr, as progress is)."""
+    console.print(line, soft_wrap=True, highlight=False)
+
+
+@verb(Forja.watch, register=commands.command, on_interrupt=RUN_GOES_ON)
+def watch(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Run name.")],
+    fallback_zone: FallbackZones = None,
+    max_recoveries: MaxRecoveries = MAX_RECOVERIES,
+    max_down: MaxDown = MAX_DOWN,
+    max_down_usd: MaxDownUsd = None,
+    poll: Poll = POLL_S,
+) -> None:
+    budget = _budget(max_recoveries, max_down, max_down_usd)
+    why = forja_for(ctx).watch(name, fallback_zones=fallback_zone or [], budget=budget, poll_s=poll, say=_say)
+    out.print(f"run {name}: {why}")
+
+
+@verb(Forja.follow, register=commands.command, on_interrupt=RUN_GOES_ON, epilog=FOLLOWING)
+def follow(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Run name.")],
+    timeout: Annotated[
+        float | None,
+        typer.Option("--timeout", help="Stop following after S seconds; the run goes on (exit 7)."),
+    ] = None,
+    fetch_results: Annotated[
+        bool, typer.Option("--fetch/--no-fetch", help="Fetch the results when the run completes.")
+    ] = True,
+    checkpoints: Annotated[bool, typer.Option("--checkpoints", help="Also fetch checkpoints.")] = False,
+    cluster: ClusterOption = None,
+) -> None:
+    follow_command(
+        ctx,
+        lambda f, interrupted: f.follow(
+            name, fetch=fetch_results, checkpoints=checkpoints, timeout_s=timeout, cancel=interrupted
+        ),
+        timeout,
+        cluster,
+    )
+
+

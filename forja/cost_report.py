@@ -1,0 +1,194 @@
+"""What the hosts cost: their hourly rates and spend, one run's cost part by part, and a run's cost
+before it is sent.
+
+Why apart from `forja.cost`: that package computes (prices, spend, budgets, a run's parts) from
+records it is given and knows no inventory or history; this module gives it the session's
+inventory records and history, and turns its errors into the field the user should fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from forja import errors, inventory
+from forja.session import Session
+
+
+@dataclass(frozen=True)
+class CostReport:
+    """What `Forja.cost` found: one line per priced instance, its budget check, the hosts not priced,
+    and one line per cluster (forja.cost.cluster: its members added up, "2 × g2-standard-24")."""
+
+    prices_date: str
+    now: datetime
+    lines: list[Any]
+    #: One per line (None without a per-instance cap; a cluster's members share their cluster's
+    #: check); `project` is the check of a project cap.
+    checks: list[Any]
+    project: Any | None
+    skipped: list[str]
+    clusters: list[Any] = field(default_factory=list)
+    #: The user's own machines in the inventory (host_contract_platform: own): no cloud price.
+    own_machines: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON document of `forja --json cost`: every figure at full precision."""
+        out: dict[str, Any] = {
+            "prices_date": self.prices_date,
+            "now": self.now.isoformat(),
+            "instances": [
+                {**line.as_dict(),
+                 "budget": None if chk is None else {"level": chk.level.value, "message": chk.message}}
+                for line, chk in zip(self.lines, self.checks, strict=True)
+            ],
+            "skipped": self.skipped,
+            "clusters": [c.as_dict() for c in self.clusters],
+            "own_machines": self.own_machines,
+        }
+        if self.project is not None:
+            out["project_budget"] = {"level": self.project.level.value, "message": self.project.message}
+        return out
+
+
+def cost(
+    session: Session,
+    instances: Sequence[Mapping[str, Any]] | None = None,
+    *,
+    prices: str | Path | None = None,
+    cap: float | None = None,
+    warn: float = 0.8,
+    scope: str = "instance",
+    now: str | datetime | None = None,
+) -> CostReport:
+    """Each instance's hourly rate, uptime, spend, monthly figure if left running, and disk cost.
+
+    Instances are the inventory's GCP hosts (their records), or `instances` (dicts shaped like
+    those records: offline reports, tests). `prices` is a YAML merged over the built-in table;
+    `cap` checks spend against a cap in USD per 'instance' or for the 'project' (`scope`),
+    warning at the `warn` fraction of it; `now` computes as of an RFC 3339 time.
+    """
+    from forja.cost.budget import Budget, check_project, check_units
+    from forja.cost.cluster import cluster_lines, unit_lines
+    from forja.cost.prices import PriceError, load_prices
+    from forja.cost.spend import cost_report, parse_time
+
+    if scope not in ("instance", "project"):
+        raise errors.ConfigError("scope", f"{scope!r}: use 'instance' or 'project'")
+    try:
+        table = load_prices(Path(prices) if prices else None)
+        budget = Budget(cap, warn) if cap is not None else None
+    except (PriceError, ValueError) as exc:
+        raise errors.ConfigError("prices/cap/warn", str(exc)) from exc
+    moment = parse_time(now) if now else datetime.now(timezone.utc)
+    skipped: list[str] = []
+    own: list[str] = []
+    if instances is None:
+        raw, own, skipped = inventory.gcp_instances(inventory.required(session.inventory))
+    else:
+        raw = [dict(i) for i in instances]
+    try:
+        lines = cost_report(raw, table, moment)
+    except (PriceError, ValueError) as exc:
+        raise errors.ConfigError("instances/prices", str(exc)) from exc
+    checks: list[Any] = [None] * len(lines)
+    project = None
+    if budget is not None and scope == "instance":  # a cluster's members: one check of them all
+        # cost_report keeps the records' order, so unit_lines pairs each record with its line
+        found = check_units(budget, [unit for _, unit in unit_lines(raw, lines)])
+        checks = [found[line.name] for line in lines]
+    elif budget is not None:
+        project = check_project(budget, lines)
+    return CostReport(table.date, moment, lines, checks, project, skipped, cluster_lines(raw, lines), own)
+
+def rate(
+    session: Session, machine_type: str, zone: str, *, spot: bool = False, prices: str | Path | None = None
+) -> Any:
+    """The hourly rate of one machine type in one zone (on demand, or Spot), with its basis."""
+    from forja.cost.prices import PriceError, load_prices
+    from forja.cost.spend import rate_of
+
+    try:
+        return rate_of(machine_type, zone, load_prices(Path(prices) if prices else None), spot)
+    except (PriceError, ValueError) as exc:
+        raise errors.ConfigError("machine_type/zone/prices", str(exc)) from exc
+
+def run_cost(
+    session: Session,
+    run_id: str,
+    instances: Sequence[Mapping[str, Any]] | None = None,
+    *,
+    prices: str | Path | None = None,
+    now: str | datetime | None = None,
+) -> Any:
+    """One run's cost from its history and fetched results: setup, recovery, compute, data wait,
+    evaluation, checkpoints and the rest, the VM's time down, the disk (see forja/cost/run.py).
+
+    The VMs' rate and disks are their instances' (`instances`, else the inventory when one is
+    named): the run's hosts and every other member of their cluster ("2 × g2-standard-24");
+    without one, the rate the run itself used (its config's price_per_hour) and no disk.
+    """
+    from forja.cost.cluster import groups, with_members
+    from forja.cost.prices import PriceError, load_prices
+    from forja.cost.run import RunFiles, run_cost
+    from forja.cost.spend import parse_time
+
+    record = session.history.find(run_id)
+    moment = parse_time(now) if now else datetime.now(timezone.utc)
+    found = [dict(i) for i in instances] if instances is not None else session.instances_if_named()
+    mine = with_members(found, record.hosts)
+    units = groups(found)
+    if not mine and len(units) == 1 and not record.hosts:  # one VM (or one cluster): the run's
+        mine = units[0][1]
+    # The folder the history recorded; a run recorded without one (site.yml's, found on a host)
+    # may still have been fetched to the default place since (`forja fetch RUN`).
+    folder = record.artifact_dir or session.read_results(record.run_id)[1]
+    try:
+        table = load_prices(Path(prices) if prices else None)
+        return run_cost(record, session.history.events(record.run_id), RunFiles.read(folder),
+                        table, moment, mine)
+    except (PriceError, ValueError) as exc:
+        raise errors.ConfigError("run/instances/prices", str(exc)) from exc
+
+def estimate(
+    session: Session,
+    config: str | Path,
+    instances: Sequence[Mapping[str, Any]] | None = None,
+    *,
+    prices: str | Path | None = None,
+) -> Any:
+    """What sending `config` will cost: steps x seconds per step measured by the newest earlier run
+    of that config (or of the same model, batch and precision), plus its setup and evaluation, at
+    the VMs' hourly rate, plus their disks. `forja train` shows it before sending.
+
+    The VMs are `instances` or the inventory's (their records), every member of a cluster counted
+    ("2 × g2-standard-24"); with no earlier run the estimate has the rate and no time (the run it
+    precedes measures it).
+    """
+    from forja.cost.cluster import fleet_rate
+    from forja.cost.estimate import estimate
+    from forja.cost.prices import PriceError, load_prices
+    from forja.cost.spend import Instance, disk_month_usd
+
+    path = Path(config).expanduser()
+    if not path.is_file():
+        raise errors.ConfigError("config", f"{config} is not a file; give a trainer config YAML")
+    found = [dict(i) for i in instances] if instances is not None else (
+        inventory.gcp_instances(inventory.required(session.inventory))[0])
+    chosen = session.chosen_cluster() if instances is None else None
+    if chosen is not None:  # the run keeps its cluster up, not the inventory's other VMs
+        found = [i for i in found if i.get("name") in chosen.members]
+    if not found:
+        raise errors.ConfigError("inventory", "no host with a machine_type and zone to price")
+    try:
+        table = load_prices(Path(prices) if prices else None)
+        vms = [Instance.from_mapping(i) for i in found]
+        rate = fleet_rate(vms, table)
+        disk = disk_month_usd(vms, table)
+    except (PriceError, ValueError) as exc:
+        raise errors.ConfigError("instances/prices", str(exc)) from exc
+    return estimate(path, session.history, rate.usd_per_hour, rate.what,
+                    disk if any(vm.disks for vm in vms) else None, table.hours_per_month)

@@ -1,0 +1,241 @@
+"""A sent run, looked at on its hosts: follow it to its end, its status and journal, fetch and stop it.
+
+Why one module: each of these reads the run's state as the hosts publish it (playbooks/train_wait.yml,
+train_status.yml: the typed contract) and brings the history up to date with it; the host's status,
+never a clock's, decides how a run ended. Following has no fixed limit: it lasts as long as the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from forja import contract, errors, runstate
+from forja import events as ev
+from forja.history import History, summary_fields
+from forja.runner import RunResult
+from forja.runs import TrainResult, TrainStatus, checked_name, now, rank0
+from forja.session import Session
+
+
+def follow(
+    session: Session,
+    name: str,
+    *,
+    fetch: bool = True,
+    checkpoints: bool = False,
+    timeout_s: float | None = None,
+    poll_s: int | None = None,
+    on_event: Callable[[ev.Event], None] | None = None,
+    cancel: threading.Event | None = None,
+) -> TrainResult:
+    """Follow a started run until it ends, however long, then fetch its results and record them.
+
+    Polls the hosts through playbooks/train_wait.yml, one window of `follow_window_s` after
+    another, streaming `TrainProgress` events and writing progress into the history: no fixed
+    clock ends it. It returns status "running" with `detached` set, the run going on, when
+    `timeout_s` expires (None: -e trainer_run_wait_timeout_s; 0: no limit) or on
+    KeyboardInterrupt / `cancel`. A run that ends other than completed raises `PlaybookFailed`
+    after the history took the status its host reported (failed, preempted, stopped).
+    """
+    checked_name(name)
+    limit, poll = session.follow_limit(timeout_s), session.poll(poll_s)
+    deadline = None if limit is None else time.monotonic() + limit
+    progress = _ProgressRecorder(session.history, name)
+
+    def both(event: ev.Event) -> None:
+        progress(event)
+        if on_event is not None:
+            on_event(event)
+
+    last: RunResult | None = None
+    states: list[tuple[str, runstate.RunState]] = []
+    while True:
+        window = session.follow_window_s
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return _detached(session, name, "timeout", states, last)
+            window = max(1, min(window, math.ceil(left)))
+        # trainer_run_fetch false: fetch() lists the results itself; the wait need not hash them.
+        extravars = {"trainer_run_name": name, "trainer_run_wait_timeout_s": window,
+                     "trainer_run_poll_s": poll, "trainer_run_fetch": False,
+                     **session.cluster_hosts(rank0=True)}
+        try:
+            last = session.run("train_wait.yml", extravars, on_event=both, cancel=cancel, check=False)
+        except KeyboardInterrupt:
+            return _detached(session, name, "interrupted", states, last)
+        if last.status in ("canceled", "timeout"):
+            return _detached(session, name, "interrupted", states, last)
+        states = [(h, s) for h, s in contract.read_stats(last.artifact_data).runs if s.run == name]
+        first = rank0(states)
+        if first is None:
+            last.raise_for_status()
+            where = ", ".join(sorted(last.stats)) or "no host"
+            raise errors.RunNotFound(f"run {name!r} is on none of the hosts ({where}); see forja status")
+        if first.status == "unknown":
+            where = ", ".join(h for h, _ in states)
+            raise errors.RunNotFound(f"run {name!r} is not on {where}; see `forja status`")
+        if first.final or not last.ok:
+            return _finish(session, name, states, first, last, fetch=fetch, checkpoints=checkpoints)
+        session.history.record_host_run(first, hosts=session.run_hosts(states))  # one started elsewhere
+
+
+def _finish(
+    session: Session,
+    name: str,
+    states: Sequence[tuple[str, runstate.RunState]],
+    first: runstate.RunState,
+    last: RunResult,
+    *,
+    fetch: bool,
+    checkpoints: bool,
+) -> TrainResult:
+    """Record how a followed run ended (the host's status, never a clock's), fetch it, report it."""
+    hosts = session.run_hosts(states)
+    session.history.record_host_run(first, hosts=hosts)  # adds a run started outside forja
+    summary: dict[str, Any] = dict(first.summary or {})
+    fields: dict[str, Any] = {"status": first.status, "hosts": hosts, **summary_fields(summary)}
+    artifact: Path | None = None
+    if first.status == "completed" and fetch:
+        fetch_run(session, name, checkpoints=checkpoints)
+        fetched, artifact = session.read_results(name)
+        summary = fetched or summary
+    if not last.ok:
+        failed = (last.unreachable or last.failed_tasks or [None])[0]
+        fields["message"] = f"{failed.host}: {failed.task}: {failed.message}" if failed else f"rc {last.rc}"
+    if first.final:
+        fields["ended_at"] = session.history.get(name).ended_at or now()
+    session.history.update(name, **fields)
+    if first.status == "diverged" and last.failed_tasks:
+        failed = last.failed_tasks[0]
+        raise errors.RunDiverged(failed.host, failed.task, failed.message, playbook=last.playbook)
+    last.raise_for_status()
+    return TrainResult(name, first.status, hosts, summary, artifact, last)
+
+
+def _detached(
+    session: Session, name: str, reason: str, states: Sequence[tuple[str, runstate.RunState]],
+    last: RunResult | None,
+) -> TrainResult:
+    """Stop following a run that goes on: the history keeps "running" and notes why."""
+    with contextlib.suppress(errors.RunNotFound):
+        session.history.record_event(name, "detached", reason=reason)
+    hosts = (session.run_hosts(states) if states else []) or (sorted(last.stats) if last else [])
+    return TrainResult(name, "running", hosts, {}, None, last, detached=reason)
+
+
+def status(session: Session, name: str | None = None) -> list[TrainStatus]:
+    """The state of one run (or every run) on every host, as the hosts report it.
+
+    Updates the history: runs that ended take their final status, and runs the history does
+    not know (started by site.yml or another controller) are added.
+    """
+    pairs = session.read_states({"trainer_run_status_runs": [name] if name else []})
+    session.sync_history(pairs)
+    return [TrainStatus.from_state(host, state) for host, state in pairs]
+
+
+def runs(session: Session, limit: int = 50, status: str | None = None, sync: bool = False) -> list[Any]:
+    """The run history, newest first. `sync` first reads every run on the hosts (`status()`), so
+    runs started elsewhere are added and ended ones take their final status."""
+    if sync:  # what status() reads, without making statuses of it
+        session.sync_history(session.read_states({"trainer_run_status_runs": []}))
+    return session.history.list(limit=limit, status=status)
+
+
+def logs(session: Session, name: str, lines: int = 50) -> dict[str, str]:
+    """The training unit's journal per host."""
+    pairs = session.read_states({"trainer_run_status_runs": [name], "trainer_run_journal_lines": int(lines)})
+    return {host: state.journal for host, state in pairs}
+
+
+def follow_logs(
+    session: Session, name: str, lines: int = 50, poll_s: int | None = None,
+    cancel: threading.Event | None = None,
+) -> Iterator[tuple[str, str]]:
+    """Yield (host, new journal lines) as the run writes them, each line once, until it ends.
+
+    Starts with the last `lines` lines, then reads only what follows each host's journal cursor,
+    so it stays cheap for runs of days. Ends when the rank-0 host reports a final status, or
+    when `cancel` is set (Ctrl-C in `forja logs -f`). A run no host knows raises RunNotFound.
+    """
+    checked_name(name)
+    poll = session.poll(poll_s)
+    stop = cancel or threading.Event()
+    cursors: dict[str, str] = {}
+    while not stop.is_set():
+        try:
+            request = {"trainer_run_status_runs": [name], "trainer_run_journal_lines": int(lines),
+                       "trainer_run_journal_after": dict(cursors)}
+            pairs = session.read_states(request, cancel=stop)
+        except errors.Cancelled:
+            return
+        known = [(h, s) for h, s in pairs if s.status != "unknown"]
+        if not known:
+            raise errors.RunNotFound(f"run {name!r} is on none of the hosts; see `forja status`")
+        for host, state in known:
+            if state.journal:
+                yield host, state.journal
+            if state.journal_cursor:
+                cursors[host] = state.journal_cursor
+        first = rank0(known)
+        if first is None or first.final:
+            session.sync_history(known)
+            return
+        stop.wait(poll)
+
+
+def fetch_run(
+    session: Session, name: str, dest: str | Path | None = None, checkpoints: bool = False
+) -> RunResult:
+    """Copy a run's results (and checkpoints) to `dest` (default: the project's forja-runs/<run>)."""
+    checked_name(name)
+    target = Path(dest).expanduser().resolve() if dest else session.results_dir(name)
+    result = session.run(
+        "train_fetch.yml",
+        {"trainer_run_name": name, "trainer_run_fetch_dir": str(target),
+         "trainer_run_fetch_checkpoints": checkpoints, **session.cluster_hosts(rank0=True)},
+    )
+    summary, artifact = session.read_results(name, target)
+    with contextlib.suppress(errors.RunNotFound):
+        session.history.update(name, artifact_dir=str(artifact or target), **summary_fields(summary))
+    return RunResult(**{**result.__dict__, "artifact_dir": artifact or target})
+
+
+def stop(session: Session, name: str) -> RunResult:
+    """Stop a run's unit (it checkpoints on SIGTERM) and keep it from resuming at boot."""
+    checked_name(name)
+    result = session.run("train_stop.yml", {"trainer_run_name": name})
+    with contextlib.suppress(errors.RunNotFound):
+        session.history.update(name, status="stopped", ended_at=now())
+    return result
+
+
+class _ProgressRecorder:
+    """Writes the newest step and loss of a run into the history while it trains (at most every 5 s)."""
+
+    def __init__(self, history: History, run_id: str) -> None:
+        self.history = history
+        self.run_id = run_id
+        self.last_write = 0.0
+
+    def __call__(self, event: ev.Event) -> None:
+        if not isinstance(event, ev.TrainProgress) or event.run != self.run_id:
+            return
+        if time.monotonic() - self.last_write < 5 or not event.step:
+            return
+        self.last_write = time.monotonic()
+        fields: dict[str, Any] = {"steps": event.step}
+        if event.loss is not None:
+            fields["last_loss"] = event.loss
+        cost = event.metrics.get("cost_usd")
+        if isinstance(cost, int | float):
+            fields["cost_usd"] = float(cost)
+        with contextlib.suppress(errors.RunNotFound):  # a run started elsewhere is added when it ends
+            self.history.update(self.run_id, **fields)

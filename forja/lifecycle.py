@@ -1,0 +1,43 @@
+"""The GPU hosts' lifecycle: create or start them, configure them, look at them, stop or delete them.
+
+Why a module of its own: these are the verbs every other feature stands on (the managed watcher
+starts, moves and configures a VM through them; the tunnel starts a stopped one), and each is one
+playbook of the collection run over the session, with nothing of its own to decide.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from forja import contract
+from forja.runner import RunResult
+from forja.session import Session
+
+
+def up(session: Session, extravars: Mapping[str, Any] | None = None) -> RunResult:
+    """Create or start the GPU host(s): playbooks/provision.yml (extravars: e.g. another zone)."""
+    return session.run("provision.yml", extravars)
+
+
+def configure(session: Session, extravars: Mapping[str, Any] | None = None) -> list[RunResult]:
+    """GPU stack, Jupyter, then the autostop guard: playbooks/gpu.yml, jupyter.yml and autostop.yml.
+
+    The guard is configured with Jupyter because it watches Jupyter's kernels: a port moved with
+    `-e host_contract_jupyter_port=N` moves the agent too."""
+    return [session.run(book, extravars) for book in ("gpu.yml", "jupyter.yml", "autostop.yml")]
+
+
+def down(session: Session, delete: bool = False, extravars: Mapping[str, Any] | None = None) -> RunResult:
+    """Stop (or delete) the GPU host(s): playbooks/teardown.yml."""
+    return session.run("teardown.yml", {**(extravars or {}), "forja_teardown_delete": delete})
+
+
+def observe(
+    session: Session, extravars: Mapping[str, Any] | None = None
+) -> dict[str, contract.InstanceState]:
+    """The GPU VM as Compute Engine reports it, by name: status, zone, preemptions.
+
+    Runs playbooks/observe.yml (changes nothing); a managed run's watcher calls it every poll.
+    """
+    return contract.read_stats(session.run("observe.yml", extravars).artifact_data).instances

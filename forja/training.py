@@ -1,0 +1,282 @@
+"""`forja train`: check what is run, record it, send it to the inventory's hosts and start it there.
+
+Why apart from following: sending decides everything once (the config and script are checked, the
+name is refused or set aside, the history records the run) and then hands the run to
+`forja.following`, which looks at it on its hosts for as long as it lasts. A run sent elsewhere (a
+Vertex AI job, `forja.vertex`) or watched through preemptions (`forja.managed`) reuses the same two
+halves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from forja import errors, following, inventory, trainer_config
+from forja import events as ev
+from forja import replace as replacement
+from forja.cost.estimate import config_hash
+from forja.runs import RUN_NAME, TrainResult, new_run_id, now
+from forja.session import Session
+
+if TYPE_CHECKING:
+    from forja.vertex_job import VertexOptions
+
+#: The role's refusal of a name whose run completed on the host (roles/trainer_run/tasks/validate.yml):
+#: this history may not know that run (another machine sent it), so the host is asked too.
+COMPLETED_TASK = "Refuse to send a run under the name of one that completed on this host"
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What `train` sends: the role variables that say what to run, and what the history records."""
+
+    extravars: dict[str, Any]
+    record_path: Path
+    name_source: Path
+    #: What of the config only the run's start can check (forja.trainer_config.Judged.unchecked).
+    unchecked: tuple[str, ...] = ()
+
+
+def plan_run(
+    config: str | Path | None, script: str | Path | None, args: Sequence[str], project_dir: Path | None
+) -> RunPlan:
+    """Check the config and the script before anything is sent; say what to fix when they are wrong."""
+    extravars: dict[str, Any] = {}
+    config_path: Path | None = None
+    if config is not None:
+        config_path = Path(config).expanduser().resolve()
+        if not config_path.is_file():
+            raise errors.ConfigError("config", f"{config} is not a file; give a trainer config YAML")
+        extravars["trainer_run_config"] = str(config_path)
+    if script is None:
+        if args:
+            raise errors.ConfigError("args", "arguments after -- are for your script; give it with --script")
+        if config_path is None:
+            raise errors.ConfigError("config", "give a trainer config YAML, or your own script with --script")
+        judged = trainer_config.judge(config_path)  # the trainer's own check, before anything is sent
+        return RunPlan(extravars, config_path, config_path, judged.unchecked)
+    if project_dir is None:
+        raise errors.ConfigError(
+            "script", f"{script} is sent with your project; give the project folder (--project)"
+        )
+    given = Path(script).expanduser()
+    path = (given if given.is_absolute() else project_dir / given).resolve()
+    try:
+        relative = path.relative_to(project_dir)
+    except ValueError:
+        raise errors.ConfigError(
+            "script", f"{script} is not inside the project {project_dir}; put it there or give --project"
+        ) from None
+    if not path.is_file():
+        raise errors.ConfigError(
+            "script",
+            f"{script} is not a file in the project {project_dir} (looked for {path}); give the path "
+            "of your script relative to the project folder (--project)",
+        )
+    extravars["trainer_run_command"] = [relative.as_posix(), *map(str, args)]
+    return RunPlan(extravars, config_path or path, path)
+
+
+def train(
+    session: Session,
+    config: str | Path | None = None,
+    *,
+    script: str | Path | None = None,
+    args: Sequence[str] = (),
+    project: str | Path | None = None,
+    name: str | None = None,
+    excludes: Sequence[str] = (),
+    wait: bool = True,
+    fetch: bool = True,
+    checkpoints: bool = False,
+    timeout_s: float | None = None,
+    poll_s: int | None = None,
+    procs: int | None = None,
+    on_event: Callable[[ev.Event], None] | None = None,
+    cancel: threading.Event | None = None,
+    extravars: Mapping[str, Any] | None = None,
+    backend: str = "vm",
+    vertex: VertexOptions | None = None,
+    replace: bool = False,
+) -> TrainResult:
+    """Send the trainer (and the project), start the run as a systemd unit, follow it, fetch results.
+
+    `backend="vertex"` runs the built-in trainer on `config` as a Vertex AI custom job instead
+    (`vertex`: a `forja.vertex.VertexOptions`; default g2-standard-8 + NVIDIA_L4 x 1, one
+    replica, us-central1): the trainer and the config go as a Python package to
+    gs://BUCKET/vertex/packages/<hash>/ (once per content), the job's state changes are
+    announced, and the checkpoints, logs and model land in gs://BUCKET/vertex/runs/<run>/.
+    Ctrl-C, `wait=False` or `timeout_s` stop watching, never the job (`vertex_follow`,
+    `vertex_cancel`).
+
+    `procs` is the number of processes per host (torchrun, DDP); None lets the role choose: one
+    per GPU, or trainer_run_cpu_procs on a host without one. On a cluster (`Forja(cluster=NAME)`,
+    `forja train --cluster NAME`) every member runs elastic torchrun; its rank 0 is followed and
+    fetched, and the history records every member as the run's hosts.
+
+    What runs: the built-in trainer on `config`, or your own `script` (a file inside the project,
+    run with `args`, e.g. `script="train.py", args=["--lr", "3e-4"]`; the run name then defaults
+    to the script's name). Both are checked before anything is sent.
+
+    A `name` is a run's identity: a completed run's name is refused, naming the run. With
+    `replace=True` an ended run of that name is kept as `<name>-replaced-<UTC time>` (its history
+    row with its events, its folder on the host, its fetched results, its checkpoints in the
+    bucket: forja/replace.py) and the new run starts afresh under the name; a running one is
+    refused (stop it first).
+
+    Following (`follow()`) has no fixed limit: it lasts as long as the run, hours or days,
+    streaming progress. It stops early while the run goes on, and returns status "running" with
+    `detached` saying why, when `wait=False` (right after the unit started), when `timeout_s`
+    expires (None: -e trainer_run_wait_timeout_s, 0 or unset: no limit), or on
+    KeyboardInterrupt / `cancel`. A `cancel` before the unit started cancels the play instead
+    (`Cancelled`, history "cancelled").
+    """
+    if backend != "vm":
+        unsupported = {"script": script, "args": list(args), "project": project,
+                       "excludes": list(excludes), "procs": procs, "extravars": dict(extravars or {}),
+                       "cluster": session.cluster, "replace": replace}
+        return _train_vertex(session, config, backend, vertex, unsupported, name=name, wait=wait, fetch=fetch,
+                             checkpoints=checkpoints, timeout_s=timeout_s, poll_s=poll_s,
+                             on_event=on_event, cancel=cancel)
+    project_dir = Path(project).expanduser().resolve() if project else (
+        session.project_dir if session.send_project else None
+    )
+    if project_dir is not None and not project_dir.is_dir():
+        raise errors.ConfigError("project", f"{project} is not a folder")
+    plan = plan_run(config, script, args, project_dir)
+    run_id = name or new_run_id(plan.name_source)
+    if not RUN_NAME.match(run_id):
+        raise errors.ConfigError(
+            "name", f"{run_id!r} must be 1-63 letters, digits, '-' or '_' (first a letter or digit)"
+        )
+    limit, poll = session.follow_limit(timeout_s), session.poll(poll_s)
+    if procs is not None and (isinstance(procs, bool) or not isinstance(procs, int) or procs < 1):
+        raise errors.ConfigError("procs", f"{procs!r} is not a number >= 1 (omit it: one per GPU)")
+    inventory.required(session.inventory)  # no hosts named: stop before the history records a run
+    session.chosen_cluster()  # nor a cluster the inventory does not have
+    given = {**session.extravars, **(extravars or {})}
+    _refuse_several_runs(session, given)
+    replaced: replacement.SetAside | None = None
+    if name is not None and replace:
+        replaced = replacement.set_aside(session, name, plan.record_path, given)
+    elif name is not None:
+        _refuse_a_completed_name(session, name)
+    session.history.start(
+        run_id, name=run_id, config_path=str(plan.record_path), config_hash=config_hash(plan.record_path)
+    )
+    vars_ = {
+        **plan.extravars,
+        "trainer_run_name": run_id,
+        "trainer_run_project_dir": str(project_dir) if project_dir else "",
+        "trainer_run_excludes": list(excludes),
+        # The play only starts the unit; forja follows the run itself (follow()), with no fixed limit.
+        "trainer_run_wait": False,
+        "trainer_run_fetch": False,
+        "forja_history_record": False,  # this history records the run itself
+        "trainer_run_refuse_completed": True,  # never the old run's results as the new one's
+        **({"trainer_run_nproc_per_node": procs} if procs is not None else {}),
+        **({"trainer_run_replaced_as": replaced.aside,
+            "trainer_run_replaced_bucket_moved": replaced.bucket is not None} if replaced else {}),
+        **(extravars or {}),
+    }
+    history = session.history
+    try:
+        result = session.run("train.yml", vars_, on_event=on_event, cancel=cancel, check=False)
+    except KeyboardInterrupt:
+        history.update(
+            run_id, status="cancelled", ended_at=now(),
+            message="interrupted while being set up; the unit may have started (forja status)",
+        )
+        raise
+    except errors.ConfigError:  # the inventory did not parse (read first unless --limit): nothing sent
+        if replaced:
+            replacement.put_back(session, replaced, run_id)
+        else:
+            history.drop(run_id)
+        raise
+    except BaseException as exc:
+        history.update(run_id, status="failed", ended_at=now(), message=f"controller error: {exc}")
+        raise
+    hosts = sorted(result.stats)
+    if result.status in ("canceled", "timeout"):
+        history.update(run_id, status="cancelled", hosts=hosts, ended_at=now(),
+                       message="the playbook was cancelled; the unit may still run (forja status)")
+        result.raise_for_status()
+    if not result.ok:
+        first = (result.unreachable or result.failed_tasks or [None])[0]
+        why = f"{first.host}: {first.task}: {first.message}" if first else f"rc {result.rc}"
+        if first is not None and first.task == COMPLETED_TASK:  # refused before anything changed
+            history.drop(run_id)
+            raise errors.ConfigError("name", f"{first.message} Nothing was sent.")
+        if replaced and not any(t.task == replacement.SET_ASIDE_TASK for t in result.changed_tasks):
+            replacement.put_back(session, replaced, run_id)  # the host still holds the old run as it was
+        else:
+            history.update(run_id, status="failed", hosts=hosts, ended_at=now(), message=why)
+        result.raise_for_status()
+    history.update(run_id, hosts=hosts)
+    if not wait:
+        history.record_event(run_id, "detached", reason="detach")
+        return TrainResult(run_id, "running", hosts, {}, None, result, detached="detach",
+                           unchecked=plan.unchecked)
+    followed = following.follow(session, run_id, fetch=fetch, checkpoints=checkpoints, timeout_s=limit or 0,
+                                poll_s=poll, on_event=on_event, cancel=cancel)
+    return dataclasses.replace(followed, playbook_result=result, unchecked=plan.unchecked)
+
+
+def _train_vertex(
+    session: Session, config: str | Path | None, backend: str, options: VertexOptions | None,
+    unsupported: dict[str, Any], *, on_event: Callable[[ev.Event], None] | None = None, **how: Any,
+) -> TrainResult:
+    """`train(backend="vertex")`: forja/vertex.py does the work (its docstring says why so)."""
+    from forja import vertex
+
+    if backend != "vertex":
+        raise errors.ConfigError("backend", f"{backend!r} is not vm (the inventory's VM) or vertex")
+    return vertex.train(session, config, options=options, unsupported=unsupported,
+                        emit=session.fan_out(on_event), **how)
+
+
+def _refuse_several_runs(session: Session, extravars: Mapping[str, Any]) -> None:
+    """`forja train` follows one run; a play over a VM and a cluster (or two VMs) starts one run on
+    each (trainer_run groups nodes by cluster). Refused before anything is sent, naming what the
+    inventory holds and how to choose. A cluster named (--cluster), a --limit or -e forja_hosts
+    is the user's choice and is not second-guessed.
+    """
+    if session.cluster is not None or session.limit or "forja_hosts" in extravars:
+        return
+    targets = inventory.run_targets(inventory.read(inventory.required(session.inventory)))
+    if len(targets) > 1:
+        raise errors.ConfigError(
+            "--cluster", f"the inventory holds {len(targets)} runs' hosts: {'; '.join(targets)}. forja "
+            "train follows one run: choose a cluster with --cluster NAME, or a VM with --limit HOST. To "
+            "train several hosts as one run, give them the same forja_cluster and each its "
+            "forja_node_rank in the inventory (the gcp_gpu inventory does it for gcp_instance_count > 1)",
+        )
+
+
+def _refuse_a_completed_name(session: Session, name: str) -> None:
+    """A name is a run's identity on its host (its folder, unit and checkpoints): sending a new
+    run under a completed run's name started nothing (a completed run is never re-run) and
+    reported the old run's results as the new one's, with its events. Refused, naming the run.
+
+    A run that ended otherwise (preempted, stopped, failed, diverged) may be sent again under
+    its name: that resumes it from its newest checkpoint, as the trainer always does.
+    """
+    try:
+        old = session.history.get(name)
+    except errors.RunNotFound:
+        return
+    if old.status == "completed":
+        where = f" on {', '.join(old.hosts)}" if old.hosts else ""
+        when = old.ended_at or old.started_at
+        raise errors.ConfigError(
+            "name", f"run {name!r} already completed ({when}{where}); a new run needs a new --name "
+            f"(e.g. {name}-2), or --replace to keep the old one as {name}-replaced-<time> and start "
+            f"afresh. Its results stay under its name: forja runs, forja cost --run {name}, "
+            f"forja fetch {name}",
+        )

@@ -1,0 +1,1 @@
+../../../trainer/run_folder.py

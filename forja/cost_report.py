@@ -17,6 +17,11 @@ from typing import Any
 from forja import errors, inventory
 from forja.session import Session
 
+#: The fraction of a cap at which `cost` warns, unless told otherwise.
+WARN_AT = 0.8
+#: What a cap applies to: each instance (the default) or the whole project.
+SCOPES = ("instance", "project")
+
 
 @dataclass(frozen=True)
 class CostReport:
@@ -60,8 +65,8 @@ def cost(
     *,
     prices: str | Path | None = None,
     cap: float | None = None,
-    warn: float = 0.8,
-    scope: str = "instance",
+    warn: float = WARN_AT,
+    scope: str = SCOPES[0],
     now: str | datetime | None = None,
 ) -> CostReport:
     """Each instance's hourly rate, uptime, spend, monthly figure if left running, and disk cost.

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 #: google-cloud-storage's own setting for an emulator's endpoint (the sandbox's Cloud Storage).
 ENV_EMULATOR = "STORAGE_EMULATOR_HOST"
+#: Parallel uploads of a push unless told otherwise.
+PUSH_THREADS = 8
 
 
 def dataset_module() -> ModuleType:
@@ -75,7 +77,7 @@ def push(
     name: str | None = None,
     bucket: str | None = None,
     *,
-    threads: int = 8,
+    threads: int = PUSH_THREADS,
     excludes: Sequence[str] = (),
     detect_secrets: bool = True,
     retry_deadline_s: float = 300.0,

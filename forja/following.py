@@ -22,6 +22,9 @@ from forja.runner import RunResult
 from forja.runs import TrainResult, TrainStatus, checked_name, now, rank0
 from forja.session import Session
 
+#: Journal lines per host that `logs` shows (and `follow_logs` starts with) unless told otherwise.
+LOG_LINES = 50
+
 
 def follow(
     session: Session,
@@ -149,14 +152,14 @@ def runs(session: Session, limit: int = 50, status: str | None = None, sync: boo
     return session.history.list(limit=limit, status=status)
 
 
-def logs(session: Session, name: str, lines: int = 50) -> dict[str, str]:
+def logs(session: Session, name: str, lines: int = LOG_LINES) -> dict[str, str]:
     """The training unit's journal per host."""
     pairs = session.read_states({"trainer_run_status_runs": [name], "trainer_run_journal_lines": int(lines)})
     return {host: state.journal for host, state in pairs}
 
 
 def follow_logs(
-    session: Session, name: str, lines: int = 50, poll_s: int | None = None,
+    session: Session, name: str, lines: int = LOG_LINES, poll_s: int | None = None,
     cancel: threading.Event | None = None,
 ) -> Iterator[tuple[str, str]]:
     """Yield (host, new journal lines) as the run writes them, each line once, until it ends.

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 #: The role's refusal of a name whose run completed on the host (roles/trainer_run/tasks/validate.yml):
 #: this history may not know that run (another machine sent it), so the host is asked too.
 COMPLETED_TASK = "Refuse to send a run under the name of one that completed on this host"
+#: Where a run goes: the inventory's VMs (the default) or a Vertex AI custom job.
+BACKENDS = ("vm", "vertex")
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,7 @@ def train(
     on_event: Callable[[ev.Event], None] | None = None,
     cancel: threading.Event | None = None,
     extravars: Mapping[str, Any] | None = None,
-    backend: str = "vm",
+    backend: str = BACKENDS[0],
     vertex: VertexOptions | None = None,
     replace: bool = False,
 ) -> TrainResult:
@@ -136,7 +138,7 @@ def train(
     KeyboardInterrupt / `cancel`. A `cancel` before the unit started cancels the play instead
     (`Cancelled`, history "cancelled").
     """
-    if backend != "vm":
+    if backend != BACKENDS[0]:
         unsupported = {"script": script, "args": list(args), "project": project,
                        "excludes": list(excludes), "procs": procs, "extravars": dict(extravars or {}),
                        "cluster": session.cluster, "replace": replace}
@@ -235,7 +237,7 @@ def _train_vertex(
     """`train(backend="vertex")`: forja/vertex.py does the work (its docstring says why so)."""
     from forja import vertex
 
-    if backend != "vertex":
+    if backend not in BACKENDS:
         raise errors.ConfigError("backend", f"{backend!r} is not vm (the inventory's VM) or vertex")
     return vertex.train(session, config, options=options, unsupported=unsupported,
                         emit=session.fan_out(on_event), **how)

@@ -16,6 +16,7 @@ from rich.table import Table
 from forja import format as fmt
 from forja.api import Forja
 from forja.cli.common import doc, emit_json, forja_for, global_options, out, verb
+from forja.cost_report import SCOPES, WARN_AT
 
 #: `forja cost`: without a sub-command its callback is the verb (`Forja.cost`).
 commands = typer.Typer(name="cost", help=doc(Forja.cost), invoke_without_command=True, no_args_is_help=False)
@@ -72,10 +73,10 @@ def cost(
         typer.Option("--prices", help="YAML merged over the built-in price table (or $FORJA_PRICES)."),
     ] = None,
     cap: Annotated[float | None, typer.Option("--cap", help="Spend cap in USD to check against.")] = None,
-    warn: Annotated[float, typer.Option("--warn", help="Warn at this fraction of the cap.")] = 0.8,
+    warn: Annotated[float, typer.Option("--warn", help="Warn at this fraction of the cap.")] = WARN_AT,
     scope: Annotated[
         str, typer.Option("--scope", help="Apply the cap per 'instance' or to the 'project'.")
-    ] = "instance",
+    ] = SCOPES[0],
     now: Annotated[
         str | None, typer.Option("--now", help="Compute as of this RFC 3339 time (default: now).")
     ] = None,

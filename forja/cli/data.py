@@ -23,6 +23,7 @@ from rich.table import Table
 from forja import format as fmt
 from forja.api import Forja
 from forja.cli.common import console, emit_json, forja_for, global_options, out, result_table, verb
+from forja.datasets import PUSH_THREADS
 
 commands = typer.Typer(name="data", help="Datasets: push a folder to the project's bucket.",
                        no_args_is_help=True)
@@ -60,7 +61,9 @@ def push(
     bucket: Annotated[
         str | None, typer.Option("--bucket", help="gs://BUCKET (default: the inventory's dataset_bucket).")
     ] = None,
-    threads: Annotated[int, typer.Option("--threads", help="Parallel uploads.", min=1, max=64)] = 8,
+    threads: Annotated[
+        int, typer.Option("--threads", help="Parallel uploads.", min=1, max=64)
+    ] = PUSH_THREADS,
     exclude: Annotated[
         list[str] | None, typer.Option("--exclude", help="Another glob to leave out (repeatable).")
     ] = None,

@@ -29,6 +29,7 @@ from forja.cli.common import (
     steps,
     verb,
 )
+from forja.following import LOG_LINES
 
 #: No name: its verbs are the root's own (`forja status`), registered in forja/cli/__init__.py.
 commands = typer.Typer()
@@ -59,7 +60,7 @@ def status(
 def logs(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Run name.")],
-    lines: Annotated[int, typer.Option("--lines", "-n", help="How many journal lines per host.")] = 50,
+    lines: Annotated[int, typer.Option("--lines", "-n", help="How many journal lines per host.")] = LOG_LINES,
     follow_journal: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep printing new lines until the run ends (or Ctrl-C).")
     ] = False,

@@ -29,6 +29,7 @@ from forja.cli.common import (
 )
 from forja.errors import ForjaError
 from forja.managed import MAX_DOWN, MAX_RECOVERIES, POLL_S, RecoveryBudget, seconds
+from forja.training import BACKENDS
 from forja.vertex_job import DEFAULT_REGION, VertexOptions
 
 #: No name: its verbs are the root's own (`forja train`), registered in forja/cli/__init__.py.
@@ -131,17 +132,17 @@ def train(
     max_down: MaxDown = MAX_DOWN,
     max_down_usd: MaxDownUsd = None,
     poll: Poll = POLL_S,
-    backend: Backend = "vm",
+    backend: Backend = BACKENDS[0],
     bucket: VertexBucket = None,
     region: VertexRegion = None,
     machine_type: VertexMachine = None,
     accelerator: VertexAccelerator = None,
     accelerator_count: VertexAcceleratorCount = None,
-    replicas: VertexReplicas = 1,
+    replicas: VertexReplicas = VertexOptions.replica_count,
 ) -> None:
     args = list(ctx.meta.get("forja_script_args", []))
     judged = _judge(ctx, config, script)
-    if backend != "vm":  # the same follow and printing, the job's own options
+    if backend != BACKENDS[0]:  # the same follow and printing, the job's own options
         options = _vertex_options(bucket, region, machine_type, accelerator, accelerator_count, replicas)
         follow_command(ctx, lambda f, interrupted: f.train(
             config, script=script, args=args, project=project, name=name, excludes=exclude or [],

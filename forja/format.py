@@ -27,19 +27,18 @@ from typing import Any
 from forja import module_utils
 from trainer.figures import MISSING, duration, hourly, loss, money, per_second
 
-__all__ = ["MISSING", "SUMMARY_FORMATS", "count", "duration", "field", "hourly", "loss", "money",
-           "per_second", "percent", "plain", "timestamp"]
+#: The names that come from plugins/module_utils/forja_format.py, loaded (by path) on first use, so
+#: that importing forja (`forja --help`) does not need its Ansible content.
+_SHOWN = ("percent", "count", "timestamp", "SUMMARY_FORMATS", "field")
+__all__ = ["MISSING", "duration", "hourly", "loss", "money", "per_second", "plain", *_SHOWN]
 
-#: plugins/module_utils/forja_format.py as forja loads it.
-_shown = module_utils.load("forja_format", "forja._figure_formats")
 
-percent = _shown.percent
-count = _shown.count
-timestamp = _shown.timestamp
-#: How each field of a run's summary is shown (the trainer's summary keys; others print as given),
-#: and the kinds by name (`loss`, `money`, ...) for callers with a figure of no summary field.
-SUMMARY_FORMATS: dict[str, Any] = _shown.SUMMARY_FORMATS
-field = _shown.field
+def __getattr__(name: str) -> Any:
+    """percent, count, timestamp, field and SUMMARY_FORMATS (how each field of a run's summary is
+    shown, and the kinds by name): plugins/module_utils/forja_format.py's, as forja loads it."""
+    if name in _SHOWN:
+        return getattr(module_utils.load("forja_format", "forja._figure_formats"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def plain(obj: Any, drop: tuple[str, ...] = ()) -> Any:

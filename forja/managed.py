@@ -44,10 +44,16 @@ from forja.contract import InstanceState
 from forja.paths import forja_home
 from forja.session import Session
 
-#: Google's error codes for a zone out of capacity, and the statuses of a VM on its way up or down:
-#: the machine catalog's, which gcp_gpu_instance acts on too.
-STOCKOUT_CODES: tuple[str, ...] = machines.catalog().STOCKOUT_CODES
-SETTLING: tuple[str, ...] = machines.catalog().SETTLING_STATES
+
+def stockout_codes() -> tuple[str, ...]:
+    """Google's error codes for a zone out of capacity: the machine catalog's, which gcp_gpu_instance
+    acts on too (read when a watcher needs them: importing forja needs no Ansible content)."""
+    return tuple(machines.catalog().STOCKOUT_CODES)
+
+
+def settling() -> tuple[str, ...]:
+    """The statuses of a VM on its way up or down, as the machine catalog names them."""
+    return tuple(machines.catalog().SETTLING_STATES)
 
 
 def run_ended(status: str | None) -> bool:
@@ -156,7 +162,7 @@ def decide(
         return Decision("done", f"the run {run_status}")
     if vm.running:
         return Decision("watch", "the VM runs")
-    if vm.exists and vm.status in SETTLING:
+    if vm.exists and vm.status in settling():
         return Decision("watch", f"the VM is {vm.status}")
     if vm.exists and not vm.preempted_at:
         return Decision(
@@ -402,7 +408,7 @@ class Watcher:
         try:
             lifecycle.up(self.session, zone_vars([zone]))
         except errors.PlaybookFailed as exc:
-            if exc.code not in STOCKOUT_CODES:
+            if exc.code not in stockout_codes():
                 raise
             self._set_tally(failed_zones=(*self.state.tally.failed_zones, zone))
             self._event("stockout", zone=zone)
@@ -422,7 +428,7 @@ class Watcher:
         try:
             lifecycle.up(self.session, zone_vars(decision.zones))
         except errors.PlaybookFailed as exc:
-            if exc.code not in STOCKOUT_CODES:
+            if exc.code not in stockout_codes():
                 raise
             self._set_tally(failed_zones=(*self.state.tally.failed_zones, *decision.zones))
             self._event("stockout", zones=list(decision.zones))

@@ -7,6 +7,7 @@ and the same result types; kept here, under all of them, none of them imports an
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 import uuid
@@ -22,8 +23,8 @@ from forja.runner import RunResult
 #: What a run name may be: the host contract's pattern (roles/host_contract), which trainer_run checks too.
 RUN_NAME = runstate.RUN_NAME
 
-__all__ = ["RUN_NAME", "TrainResult", "TrainStatus", "checked_name", "how_to_follow", "new_run_id", "now",
-           "rank0"]
+__all__ = ["RUN_NAME", "TrainResult", "TrainStatus", "checked_name", "config_hash", "how_to_follow",
+           "new_run_id", "now", "rank0"]
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,12 @@ def checked_name(name: str) -> str:
     if not RUN_NAME.match(name):
         raise errors.ConfigError("name", f"{name!r} is not a run name")
     return name
+
+
+def config_hash(path: Path) -> str:
+    """The history's key for "the same config": the file's bytes (`train` records it with each run,
+    and the estimate finds earlier runs of a config by it)."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
 def new_run_id(config: Path) -> str:

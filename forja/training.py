@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING, Any
 from forja import errors, following, inventory, trainer_config
 from forja import events as ev
 from forja import replace as replacement
-from forja.cost.estimate import config_hash
-from forja.runs import RUN_NAME, TrainResult, new_run_id, now
+from forja.runs import RUN_NAME, TrainResult, config_hash, new_run_id, now
 from forja.session import Session
 
 if TYPE_CHECKING:

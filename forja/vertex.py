@@ -40,9 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from forja import errors, module_utils, trainer_config
 from forja import events as ev
-from forja.cost.estimate import config_hash
-from forja.cost.spend import parse_time  # RFC 3339, any fraction (Logging writes nine digits)
-from forja.runs import RUN_NAME, TrainResult, new_run_id, now
+from forja.runs import RUN_NAME, TrainResult, config_hash, new_run_id, now
 from forja.vertex_job import (
     RUNS_PREFIX,
     Package,
@@ -184,6 +182,9 @@ class LogTail:
     said: dict[str, datetime] = field(default_factory=dict)
 
     def poll(self) -> list[dict[str, Any]]:
+        # RFC 3339, any fraction (Logging writes nine digits); the cost package loads the price rules
+        from forja.cost.spend import parse_time
+
         newest = max(self.said.values(), default=None)
         bound = (
             self.since if newest is None else format_timestamp(newest - timedelta(seconds=self.lookback_s))

@@ -12,7 +12,6 @@ becomes the measurement for the next one.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import yaml
 from forja import format as fmt
 from forja.cost.run import RunFiles, split, windows
 from forja.history import History, RunRecord
+from forja.runs import config_hash
 
 #: Config keys that, equal, make another run's seconds per step a fair measure for this one.
 SAME_SHAPE = ("model", "model_args", "data", "data_args", "batch_size", "effective_batch_size", "precision",
@@ -74,11 +74,6 @@ class RunEstimate:
                 f" + setup {fmt.duration(m.setup_s)} + evaluation {fmt.duration(m.evaluation_s)}"
                 f" = {fmt.duration(self.seconds)} at {fmt.hourly(self.usd_per_hour)} ({self.rate_what})"
                 f" = {fmt.money(self.vm_usd)}{disk}: about {fmt.money(self.total_usd)}")
-
-
-def config_hash(path: Path) -> str:
-    """The history's key for "the same config": the file's bytes (Forja.train records it with each run)."""
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
 def _config(path: Path) -> dict[str, Any]:

@@ -11,7 +11,7 @@ Where the rules live, each in one home, re-exported here so every caller keeps `
   needs them on a host without forja (the trainer imports nothing of forja; forja may import the
   trainer's standard-library modules, as it does trainer.summary);
 - percent, count, timestamp and which kind each summary field is shown as (`SUMMARY_FORMATS`,
-  `field`): `plugins/module_utils/forja_format.py`, because the `forja.gpu.forja_format` filter
+  `field`): `plugins/plugin_utils/forja_format.py`, because the `forja.gpu.forja_format` filter
   imports them the Ansible way and an installed collection must work with no forja beside it; forja
   loads that file by path (`forja/module_utils.py`, the one place that does).
 
@@ -27,7 +27,7 @@ from typing import Any
 from forja import module_utils
 from trainer.figures import MISSING, duration, hourly, loss, money, per_second
 
-#: The names that come from plugins/module_utils/forja_format.py, loaded (by path) on first use, so
+#: The names that come from plugins/plugin_utils/forja_format.py, loaded (by path) on first use, so
 #: that importing forja (`forja --help`) does not need its Ansible content.
 _SHOWN = ("percent", "count", "timestamp", "SUMMARY_FORMATS", "field")
 __all__ = ["MISSING", "duration", "hourly", "loss", "money", "per_second", "plain", *_SHOWN]
@@ -35,9 +35,10 @@ __all__ = ["MISSING", "duration", "hourly", "loss", "money", "per_second", "plai
 
 def __getattr__(name: str) -> Any:
     """percent, count, timestamp, field and SUMMARY_FORMATS (how each field of a run's summary is
-    shown, and the kinds by name): plugins/module_utils/forja_format.py's, as forja loads it."""
+    shown, and the kinds by name): plugins/plugin_utils/forja_format.py's, as forja loads it."""
     if name in _SHOWN:
-        return getattr(module_utils.load("forja_format", "forja._figure_formats"), name)
+        shown = module_utils.load("forja_format", "forja._figure_formats", module_utils.PLUGIN_UTILS)
+        return getattr(shown, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

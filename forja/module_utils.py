@@ -28,28 +28,30 @@ from forja import errors
 
 #: The folder, relative to forja's Ansible content (the repository / collection root).
 MODULE_UTILS = Path("plugins") / "module_utils"
+#: The collection's controller-only shared code (what filters import but no module ships to a host).
+PLUGIN_UTILS = Path("plugins") / "plugin_utils"
 
 
-def path_of(stem: str) -> Path:
-    """Where module_utils/<stem>.py is under the root forja runs the playbooks from."""
+def path_of(stem: str, folder: Path = MODULE_UTILS) -> Path:
+    """Where <folder>/<stem>.py is under the root forja runs the playbooks from."""
     from forja.paths import REPO_ROOT
 
-    return REPO_ROOT / MODULE_UTILS / f"{stem}.py"
+    return REPO_ROOT / folder / f"{stem}.py"
 
 
-def load(stem: str, module_name: str | None = None) -> ModuleType:
-    """module_utils/<stem>.py, loaded once, registered as ``module_name`` (default: ``stem``).
+def load(stem: str, module_name: str | None = None, folder: Path = MODULE_UTILS) -> ModuleType:
+    """module_utils/<stem>.py (or `folder`'s), loaded once, registered as ``module_name`` (default: ``stem``).
 
     A file that imports a sibling by name (``from forja_files import ...``) needs that sibling
     loaded first under its own stem; the caller does that. ``load(stem)`` and
     ``load(stem, stem)`` are the same module.
     """
-    return _load(stem, module_name or stem)
+    return _load(stem, module_name or stem, folder)
 
 
 @functools.cache
-def _load(stem: str, name: str) -> ModuleType:
-    path = path_of(stem)
+def _load(stem: str, name: str, folder: Path) -> ModuleType:
+    path = path_of(stem, folder)
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None or not path.is_file():
         raise errors.ConfigError(

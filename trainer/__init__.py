@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 # Relative: the collection ships this package as ansible_collections.forja.gpu.trainer, where the
-# forja_format filter imports trainer.figures through it (plugins/module_utils/forja_format.py).
+# forja_format filter imports trainer.figures through it (plugins/plugin_utils/forja_format.py).
 from .version import __version__
 
 __all__ = ["__version__", "load_config", "train"]

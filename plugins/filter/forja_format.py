@@ -3,7 +3,7 @@
 """A figure for people in a playbook's message, as the ``forja`` command prints it.
 
 The rules (a loss to 4 significant digits, money in cents or fractions of a cent, durations in two
-units, which kind each summary field is) live in module_utils/forja_format.py, which ``forja.format``
+units, which kind each summary field is) live in plugin_utils/forja_format.py, which ``forja.format``
 reads too (loading that file by path); this plugin only hands a value to it, so what a playbook
 prints and what ``forja`` prints never differ. It imports nothing of forja: the installed collection
 works alone. Documentation: ``forja_format.yml`` beside this file
@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.forja.gpu.plugins.module_utils.forja_format import SUMMARY_FORMATS, field
+from ansible_collections.forja.gpu.plugins.plugin_utils.forja_format import SUMMARY_FORMATS, field
 
 
 def forja_format(value: Any, what: str) -> str:

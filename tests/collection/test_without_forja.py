@@ -192,12 +192,12 @@ def test_nothing_under_plugins_imports_forja():
     assert offenders == []
 
 
-@pytest.mark.parametrize("stem", ["forja_cost", "forja_format"])
-def test_the_shared_module_utils_need_only_the_standard_library(stem: str):
+@pytest.mark.parametrize("where", ["module_utils/forja_cost", "plugin_utils/forja_format"])
+def test_the_shared_module_utils_need_only_the_standard_library(where: str):
     """forja loads these files by path and the filters import them: no Ansible, no forja inside; a
     sibling or the collection's trainer (the Ansible way, else by bare name), and PyYAML only for a
     user's override file (ansible-core and forja both depend on it)."""
-    tree = ast.parse((REPO / "plugins" / "module_utils" / f"{stem}.py").read_text())
+    tree = ast.parse((REPO / "plugins" / f"{where}.py").read_text())
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
     ours = {name for name in imported if name.startswith("ansible_collections.")}

@@ -7,7 +7,7 @@ summary field is shown as (``SUMMARY_FORMATS``, ``field``). Both sides read them
 playbook prints and what the ``forja`` command prints never differ:
 
 - the ``forja.gpu.forja_format`` filter imports this file the Ansible way
-  (``ansible_collections.forja.gpu.plugins.module_utils.forja_format``), so an installed collection
+  (``ansible_collections.forja.gpu.plugins.plugin_utils.forja_format``), so an installed collection
   formats with no forja package beside it;
 - forja's Python loads this same file by path (``forja/module_utils.py``) and ``forja.format``
   re-exports its names.
@@ -17,8 +17,9 @@ The rules of a loss, money, a rate, a throughput and a duration live one layer f
 this collection's plugins are (the trainer imports nothing of either). The trainer ships inside
 this collection (galaxy.yml), so the filter finds it as ``ansible_collections.forja.gpu.trainer``,
 and forja, which installs the trainer package, as ``trainer``. Standard library only otherwise, no
-Ansible, no forja. Controller side only: no module imports this file (AnsiballZ ships
-module_utils, not the trainer).
+Ansible, no forja. Controller side only, hence plugin_utils, not module_utils: no module imports
+this file (AnsiballZ ships module_utils, not the trainer), and ansible-test's module_utils import
+check would refuse its import of the trainer.
 """
 
 from __future__ import annotations

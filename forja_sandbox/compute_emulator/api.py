@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import catalog
+from . import api_gate, catalog
 from .errors import ApiError, not_found
 from .guest_attributes import GuestAttributeMethods
 from .instance_methods import InstanceMethods
@@ -23,6 +23,15 @@ from .resource_methods import ResourceMethods
 from .resource_policies import ResourcePolicyMethods
 
 Json = dict[str, Any]
+COMPUTE_SERVICE = "compute.googleapis.com"
+#: Method verbs whose IAM permission has another verb (`instances.insert` needs `...create`).
+_PERMISSION_VERBS = {"insert": "create", "aggregatedList": "list", "wait": "get"}
+
+
+def compute_permission(method_id: str) -> str:
+    """The IAM permission a Compute method needs: `compute.instances.insert` -> `compute.instances.create`."""
+    _, collection, verb = method_id.split(".")
+    return f"compute.{collection}.{_PERMISSION_VERBS.get(verb, verb)}"
 
 
 class ComputeApi(InstanceMethods, ResourceMethods, ResourcePolicyMethods, GuestAttributeMethods):
@@ -76,6 +85,8 @@ class ComputeApi(InstanceMethods, ResourceMethods, ResourcePolicyMethods, GuestA
             "compute.networks.get": self.networks_get,
             "compute.networks.list": self.networks_list,
             "compute.projects.get": self.projects_get,
+            "compute.regions.get": self.regions_get,
+            "compute.regions.list": self.regions_list,
         }
 
     def implements(self, method_id: str) -> bool:
@@ -109,7 +120,9 @@ class ComputeApi(InstanceMethods, ResourceMethods, ResourcePolicyMethods, GuestA
         return result
 
     def _check_scope(self, call: Call) -> None:
-        """404 for unknown projects and zones, 403 for public image projects outside images."""
+        """404 for unknown projects and zones, 403 for public image projects outside images; for a
+        served project, SERVICE_DISABLED when it has not enabled Compute, 403 for a permission the
+        caller lacks (the project's `denied_permissions`, or a project it may not see)."""
         project = call.params.get("project")
         if project is not None and project not in self.store.projects:
             if project in catalog.IMAGE_PROJECTS:
@@ -119,6 +132,12 @@ class ComputeApi(InstanceMethods, ResourceMethods, ResourcePolicyMethods, GuestA
                     )
             else:
                 raise not_found(f"projects/{project}")
+        elif project is not None:
+            api_gate.require_enabled(self.store, project, COMPUTE_SERVICE)
+            permission = compute_permission(call.method.id)
+            if not self.store.settings_for(project).holds(call.principal, permission):
+                message = f"Required '{permission}' permission for 'projects/{project}'"
+                raise ApiError(403, message, "forbidden")
         zone = call.params.get("zone")
         if zone is not None and zone not in catalog.ZONES:
             raise not_found(f"projects/{project}/zones/{zone}")

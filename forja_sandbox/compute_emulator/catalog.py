@@ -17,6 +17,13 @@ from typing import Any
 
 from forja import machines
 
+
+def project_number(project: str) -> str:
+    """A stable 12-digit project number (Google's are 12 digits, never starting with 0)."""
+    digest = int.from_bytes(hashlib.sha256(f"project-number/{project}".encode()).digest()[:8], "big")
+    return str(100_000_000_000 + digest % 900_000_000_000)
+
+
 CREATED = "2016-01-01T00:00:00.000-08:00"
 GUEST_OS_FEATURES = ("VIRTIO_SCSI_MULTIQUEUE", "UEFI_COMPATIBLE", "GVNIC", "SEV_CAPABLE")
 IMAGE_PROJECTS = ("deeplearning-platform-release", "ubuntu-os-cloud")
@@ -320,9 +327,10 @@ DEFAULT_SERVICE_ACCOUNT = "123456789012-compute@developer.gserviceaccount.com"
 
 
 def project_resource(base: str, project: str) -> dict[str, Any]:
+    """Compute's Project; its `id` is the project number, as on GCE (quotas are added by the caller)."""
     return {
         "kind": "compute#project",
-        "id": numeric_id("project", project),
+        "id": project_number(project),
         "creationTimestamp": CREATED,
         "name": project,
         "selfLink": f"{base}projects/{project}",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,10 @@ from ..emulator_http import LISTEN_BACKLOG, EmulatorService
 from . import catalog
 from .api import ComputeApi, InstanceBackend
 from .auth import write_private_file
+from .catalog import project_number
 from .faults import Faults
 from .instances import build_instance, now
+from .project_settings import ProjectSettings
 from .server import EmulatorHTTPServer, RequestLog
 from .state import InstanceRecord, Store
 
@@ -102,6 +105,70 @@ class ComputeEmulator(EmulatorService):
     def add_project(self, project: str) -> None:
         self.store.add_project(project)
 
+    def configure_project(
+        self,
+        project: str,
+        *,
+        exists: bool | None = None,
+        billing_enabled: bool | None = None,
+        billing_account: str | None = None,
+        disabled_services: Iterable[str] | None = None,
+        quotas: Mapping[Any, float | None] | None = None,
+        denied_permissions: Iterable[str] | None = None,
+        viewers: Iterable[str] | str | None = None,
+    ) -> None:
+        """Make a preflight question answer differently; a keyword left None keeps its setting.
+
+        - `exists`: False stops serving the project (Compute 404, Resource Manager 403), True
+          serves it (also the effect of configuring a project the emulator did not serve);
+        - `billing_enabled` / `billing_account` (`billingAccounts/XXXXXX-XXXXXX-XXXXXX`; disabling
+          billing without naming an account unlinks it: `billingAccountName` "");
+        - `disabled_services`: the APIs (`compute.googleapis.com`, ...) that answer SERVICE_DISABLED
+          (replaces the set);
+        - `quotas`: limits by `(scope, metric)` or `"scope/METRIC"`, scope a region, `"*"` (every
+          region) or `"global"`: `{("us-east1", "NVIDIA_L4_GPUS"): 0, ("global", "GPUS_ALL_REGIONS"):
+          0}`; merged into the project's overrides, a limit of None drops one;
+        - `denied_permissions`: the permissions no caller holds on the project (replaces the set);
+        - `viewers`: the client emails that may see the project at all, or `"*"` (every key).
+
+        Raises ValueError/TypeError (and changes nothing) for a value Google could not hold.
+        """
+        if exists is not None and not isinstance(exists, bool):
+            raise TypeError(f"exists: true or false, not {exists!r}")
+        with self.store.lock:
+            if exists is None:  # keep; a project the emulator has never heard of becomes served
+                exists = project in self.store.projects or project not in self.store.settings
+            # Changed on a copy, so that a bad value changes nothing.
+            settings = ProjectSettings.from_json(self.store.settings_for(project).to_json())
+            settings.update(
+                billing_enabled=billing_enabled, billing_account=billing_account,
+                disabled_services=disabled_services, quotas=quotas,
+                denied_permissions=denied_permissions, viewers=viewers,
+            )  # fmt: skip
+            self.store.set_exists(project, exists)
+            settings.exists = exists
+            self.store.settings[project] = settings
+            self.store.mark_dirty()
+
+    def new_project(self, project: str) -> None:
+        """Serve `project` as a brand-new Google Cloud project looks: GPU quota 0 (GPUS_ALL_REGIONS
+        and NVIDIA_L4_GPUS / PREEMPTIBLE_NVIDIA_L4_GPUS in every region), compute, iap and aiplatform
+        APIs disabled, and no caller holding `iap.tunnelInstances.accessViaIAP`. Billing is linked.
+        Resets the settings of a project that exists; its resources stay."""
+        with self.store.lock:
+            self.store.set_exists(project, True)
+            settings = ProjectSettings()
+            settings.make_brand_new()
+            self.store.settings[project] = settings
+            self.store.mark_dirty()
+
+    def project_settings(self, project: str) -> dict[str, Any]:
+        """The project's settings as `configure_project` takes them (quota keys as "scope/METRIC"),
+        plus `number`, its project number."""
+        with self.store.lock:
+            settings = self.store.settings_for(project).to_json()
+        return {"project": project, "number": project_number(project), **settings}
+
     # -- auth ------------------------------------------------------------------------------
     def write_service_account_key(
         self, path: str | Path, client_email: str | None = None, project: str | None = None
@@ -132,7 +199,9 @@ class ComputeEmulator(EmulatorService):
 
     @property
     def requests(self) -> list[tuple[str, str, dict[str, list[str]], Any]]:
-        """(method_id, path, query, body) of recent Compute requests, oldest first."""
+        """(method_id, path, query, body) of recent API requests, oldest first: for Compute the
+        discovery method id and the path after /compute/v1/, for the other Google APIs
+        `"<prefix> <HTTP method>"` (`"serviceusage/v1 GET"`) and the path after that prefix."""
         with self.log.lock:
             return list(self.log.recent)
 

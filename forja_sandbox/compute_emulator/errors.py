@@ -60,11 +60,19 @@ class ApiError(HttpError):
         headers: dict[str, str] | None = None,
         item_message: str | None = None,
         location: str | None = None,
+        extended_help: str | None = None,
+        details: list[dict[str, Any]] | None = None,
+        classic: bool = True,
     ) -> None:
         self.code = code
         # Auth errors: Google's `errors[]` item has its own short message and names the header.
         self.item_message = item_message
         self.location = location
+        # Newer error bodies: `google.rpc` detail messages (ErrorInfo, Help, ...), and no classic
+        # `errors[]` list for the APIs that answer without one (`classic=False`).
+        self.extended_help = extended_help
+        self.details = details
+        self.classic = classic
         self.message = message or DEFAULT_MESSAGES.get(code, STATUS_NAMES.get(code, "error"))
         self.reason = reason or DEFAULT_REASONS.get(code, "error")
         self.domain = domain
@@ -80,9 +88,15 @@ class ApiError(HttpError):
         }
         if self.location:
             item.update(location=self.location, locationType="header")
-        return {
-            "error": {"code": self.code, "message": self.message, "errors": [item], "status": self.status}
-        }
+        if self.extended_help:
+            item["extendedHelp"] = self.extended_help
+        error: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.classic:
+            error["errors"] = [item]
+        error["status"] = self.status
+        if self.details:
+            error["details"] = self.details
+        return {"error": error}
 
 
 def not_found(resource: str) -> ApiError:

@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from . import catalog
+from . import catalog, quotas
 from .errors import ApiError, already_exists, not_found, required_field
 from .filters import compile_filter
 from .instances import build_instance, check_labels, check_metadata, check_tags, fingerprint, now
@@ -170,8 +170,16 @@ class InstanceMethods(ApiBase):
         with self.store.lock:
             return record.encoded()
 
+    def _over_quota(self, call: Call, instance: Json, disk_types: list[str]) -> str | None:
+        """Google's QUOTA_EXCEEDED message if the new instance would pass one of the project's
+        limits (quotas.py), else None. Call under the store lock."""
+        settings = self.store.settings_for(call.project)
+        used = quotas.usage(self.store.sorted_instances(call.project), settings, self.store.disk_types)
+        return quotas.exceeded(settings, used, quotas.charges(instance, call.zone, settings, disk_types))
+
     def instances_insert(self, call: Call) -> Json:
         body = call.body or {}
+        disk_types = quotas.disk_types(body)
         instance = build_instance(body, call.project, call.zone, self.base)
         if body.get("resourcePolicies"):
             instance["resourcePolicies"] = self.instance_resource_policies(body, call.project, call.zone)
@@ -184,7 +192,9 @@ class InstanceMethods(ApiBase):
             instance = {"kind": instance.pop("kind"), "id": self.store.next_id(), **instance}
             for nic in instance["networkInterfaces"]:
                 nic["networkIP"] = self.store.private_ip(call.zone)
+            over_quota = self._over_quota(call, instance, disk_types)
             record = InstanceRecord(call.project, call.zone, instance)
+            self.store.disk_types[instance["id"]] = disk_types
             self.store.put_instance(record)
         op = self._new_operation(call, f"zones/{call.zone}", "insert", instance["selfLink"], instance["id"])
 
@@ -198,6 +208,9 @@ class InstanceMethods(ApiBase):
 
         def work() -> None:
             self._sleep()
+            if over_quota:  # Google fails the operation, and no instance is left
+                self.store.remove_instance(record)
+                raise OperationFailed("QUOTA_EXCEEDED", over_quota, 403)
             self._boot(call, record, create, undo=lambda: self.store.remove_instance(record))
 
         # The instance's address changes: rules whose sources are tags follow it.

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from . import catalog
+from . import catalog, quotas
 from .errors import already_exists, invalid_field, not_found
 from .firewalls import build_firewall
 from .listing import list_response
 from .operations import ApiBase, Call
+from .project_settings import ProjectSettings, QuotaKey
 
 Json = dict[str, Any]
 _T = TypeVar("_T", catalog.MachineType, catalog.AcceleratorType)
@@ -40,7 +42,7 @@ _ACCELERATOR_TYPES = _ZonalTypes(
 
 
 class ResourceMethods(ApiBase):
-    """firewalls.*, zones, machineTypes, acceleratorTypes, images, networks, projects.get."""
+    """firewalls.*, zones, regions, machineTypes, acceleratorTypes, images, networks, projects.get."""
 
     def _firewall(self, call: Call) -> Json:
         firewall = self.store.firewalls[call.project].get(call.params["firewall"])
@@ -157,5 +159,33 @@ class ResourceMethods(ApiBase):
             [catalog.network_resource(self.base, call.project)],
         )
 
+    def _quota_usage(self, project: str) -> tuple[ProjectSettings, Counter[QuotaKey]]:
+        """The project's settings and what its instances use of each quota."""
+        with self.store.lock:
+            settings = self.store.settings_for(project)
+            records = self.store.sorted_instances(project)
+            return settings, quotas.usage(records, settings, self.store.disk_types)
+
+    def _region_resource(
+        self, project: str, region: str, settings: ProjectSettings, used: Counter[QuotaKey]
+    ) -> Json:
+        region_quotas = quotas.region_quotas(settings, used, region)
+        return quotas.region_resource(self.base, project, region, region_quotas)
+
+    def regions_get(self, call: Call) -> Json:
+        settings, used = self._quota_usage(call.project)
+        return self._region_resource(call.project, call.params["region"], settings, used)
+
+    def regions_list(self, call: Call) -> Json:
+        settings, used = self._quota_usage(call.project)
+        items = [self._region_resource(call.project, r, settings, used) for r in quotas.REGIONS]
+        list_id = f"projects/{call.project}/regions"
+        return list_response(self.base, call.query, "compute#regionList", list_id, items)
+
     def projects_get(self, call: Call) -> Json:
-        return catalog.project_resource(self.base, call.project)
+        resource = catalog.project_resource(self.base, call.project)
+        settings, used = self._quota_usage(call.project)
+        used[("global", "FIREWALLS")] = len(self.store.firewalls.get(call.project, {}))
+        used[("global", "NETWORKS")] = 1  # the auto-mode `default` network every project has
+        resource["quotas"] = quotas.project_quotas(settings, used)
+        return resource

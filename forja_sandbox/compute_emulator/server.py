@@ -16,11 +16,12 @@ from urllib.parse import SplitResult, parse_qs, unquote
 
 from ..emulator_http import LISTEN_BACKLOG, EmulatorServer, JsonHandler
 from ..http_limits import BeyondLimits, BodyRefused, parse_json
-from . import oslogin, schema
+from . import billing, oslogin, resource_manager, schema, service_usage
 from .api import Call
 from .auth import COMPUTE_AUDIENCE, BearerRefused, TokenError
 from .errors import ApiError
 from .fields import parse_fields, project
+from .project_settings import ProjectSettings
 
 if TYPE_CHECKING:
     from .emulator import ComputeEmulator
@@ -30,6 +31,14 @@ TOKEN_PATH = "/token"
 #: The emulator's own control path (not Google's): POST a `Faults.add` keyword set, DELETE clears
 #: them. It lets a drill make a zone run out while another process (the sandbox service) serves.
 FAULTS_PATH = "/emulator/v1/faults"
+#: The emulator's control path for one project's settings (not Google's): PUT
+#: `ComputeEmulator.configure_project`'s keywords (plus `"new": true` for `new_project` first), GET
+#: them back. It lets a drill against the sandbox service (another process) make a check fail.
+PROJECTS_PATH = "/emulator/v1/projects/"
+#: Google APIs other than Compute served under the same origin, each under its own prefix
+#: (`/oslogin/v1/` for `https://oslogin.googleapis.com/v1/`, ...): their PREFIX, AUDIENCE,
+#: scopes_for(http_method) and handle(store, http_method, path, query, body, principal).
+OTHER_APIS = (oslogin, service_usage, resource_manager, billing)
 _REALM = "https://accounts.google.com/"
 _CREDENTIAL_HINT = (
     "Expected OAuth 2 access token, login cookie or other valid authentication credential. "
@@ -123,8 +132,11 @@ class _Handler(JsonHandler):
             return self._faults(verb, body)
         if url.path.startswith(API_PREFIX):
             return self._api(verb, url.path[len(API_PREFIX) :], url.query, body)
-        if url.path.startswith(oslogin.PREFIX):
-            return self._oslogin(verb, url.path[len(oslogin.PREFIX) :], url.query, body)
+        if url.path.startswith(PROJECTS_PATH) and verb in ("GET", "PUT"):
+            return self._project_settings(verb, unquote(url.path[len(PROJECTS_PATH) :]), body)
+        for api in OTHER_APIS:
+            if url.path.startswith(api.PREFIX):
+                return self._other_api(api, verb, url.path[len(api.PREFIX) :], url.query, body)
         raise ApiError(404, f"The requested URL {url.path} was not found on this server.", "notFound")
 
     def refused(self, refused: BodyRefused) -> ApiError:
@@ -147,6 +159,30 @@ class _Handler(JsonHandler):
         except (ValueError, TypeError) as exc:
             raise ApiError(400, f"Not a fault rule: {exc}", "badRequest") from None
         return 200, {"method": fault.method, "zone": fault.zone, "times": fault.times}
+
+    def _project_settings(self, http_method: str, project: str, raw: bytes) -> tuple[int, dict[str, Any]]:
+        """Configure one project (the body: `configure_project`'s keywords, `"new": true` to start
+        from `new_project`), or read its settings back."""
+        emulator = self.server.emulator
+        if not project or "/" in project:
+            raise ApiError(404, f"The requested URL {PROJECTS_PATH}{project} was not found on this server.",
+                           "notFound")
+        if http_method == "PUT":
+            try:
+                keywords = parse_json(raw or b"{}")
+                if not isinstance(keywords, dict):
+                    kind = type(keywords).__name__
+                    raise TypeError(f"the body must be an object of keywords, not a {kind}")
+                new = keywords.pop("new", False)
+                if not isinstance(new, bool):
+                    raise TypeError(f"new: true or false, not {new!r}")
+                if new:
+                    ProjectSettings().update(**keywords)  # checked before new_project changes anything
+                    emulator.new_project(project)
+                emulator.configure_project(project, **keywords)
+            except (ValueError, TypeError) as exc:
+                raise ApiError(400, f"Not a project setting: {exc}", "badRequest") from None
+        return 200, emulator.project_settings(project)
 
     def _token(self, raw: bytes) -> tuple[int, dict[str, Any]]:
         emulator = self.server.emulator
@@ -197,24 +233,31 @@ class _Handler(JsonHandler):
             result = project(json.loads(result) if isinstance(result, bytes) else result, selection)
         return 200, result
 
-    def _oslogin(self, http_method: str, path: str, query_string: str, raw: bytes) -> tuple[int, Any]:
-        """The OS Login API's methods the emulator serves (compute_emulator/oslogin.py)."""
+    def _other_api(
+        self, api: Any, http_method: str, path: str, query_string: str, raw: bytes
+    ) -> tuple[int, Any]:
+        """A call of one of the OTHER_APIS (OS Login, Service Usage, Resource Manager, Cloud Billing)."""
         emulator = self.server.emulator
-        with emulator.log.lock:
-            emulator.log.requests += 1
         try:
             body = parse_json(raw) if raw else None
         except ValueError:
             raise ApiError(400, "The body is not JSON.", "parseError") from None
-        principal = self._authenticate(oslogin.scopes_for(http_method), oslogin.AUDIENCE)
         query = parse_qs(query_string, keep_blank_values=True)
-        return 200, oslogin.handle(emulator.store, http_method, path, query, body, principal)
+        # Logged as `<api> <HTTP method>` (`cloudresourcemanager/v3 GET`) with the path after the
+        # prefix: which URL a client built is what tests of these APIs check.
+        method_id = f"{api.PREFIX.strip('/')} {http_method}"
+        with emulator.log.lock:
+            emulator.log.requests += 1
+            emulator.log.by_method[method_id] = emulator.log.by_method.get(method_id, 0) + 1
+            emulator.log.recent.append((method_id, path, query, body))
+        principal = self._authenticate(api.scopes_for(http_method), api.AUDIENCE)
+        return 200, api.handle(emulator.store, http_method, path, query, body, principal)
 
     def _authenticate(self, method: schema.Method | frozenset[str], audience: str = COMPUTE_AUDIENCE) -> str:
         """The caller's service account, from an issued access token or a self-signed JWT.
 
         `method`: the Compute method called, or the scopes that allow a call of another API
-        (OS Login), whose self-signed JWTs name that API's `audience`.
+        (OS Login, Service Usage, ...), whose self-signed JWTs name that API's `audience`.
         """
         emulator = self.server.emulator
         authorization = self.headers.get("Authorization")

@@ -19,6 +19,7 @@ from typing import Any
 from ..files import write_atomically
 from . import catalog
 from .auth import KeyRing
+from .project_settings import ProjectSettings
 
 SAVE_INTERVAL_S = 0.2
 TRANSITIONAL = {"PROVISIONING": "RUNNING", "STAGING": "RUNNING", "STOPPING": "TERMINATED"}
@@ -69,6 +70,10 @@ class Store:
         self.oslogin_keys: dict[str, dict[str, dict[str, Any]]] = {}
         # Resource policies (regional): project -> "region/name" -> ResourcePolicy.
         self.resource_policies: dict[str, dict[str, dict[str, Any]]] = {}
+        # What each project is beyond its resources (APIs, billing, quotas, permissions), and the type
+        # of each instance's disks by instance id (an attached disk does not say; quotas count them).
+        self.settings: dict[str, ProjectSettings] = {}
+        self.disk_types: dict[str, list[str]] = {}
         self._sorted: dict[str, list[InstanceRecord]] = {}
         self.version = 0  # bumped on every instance change; keys the query cache
         self._queries: dict[Any, tuple[int, list[InstanceRecord]]] = {}
@@ -85,6 +90,27 @@ class Store:
             self.projects.add(project)
             self.instances.setdefault(project, {})
             self.firewalls.setdefault(project, {})
+
+    def settings_for(self, project: str) -> ProjectSettings:
+        """The project's settings; a served project without any has the defaults (all allowed),
+        and a project the emulator does not serve does not exist."""
+        with self.lock:
+            settings = self.settings.get(project)
+            if settings is None:
+                settings = ProjectSettings()
+                if project in self.projects:
+                    self.settings[project] = settings
+            settings.exists = project in self.projects  # the served set decides
+            return settings
+
+    def set_exists(self, project: str, exists: bool) -> None:
+        """Serve a project (Compute answers for it) or stop serving it; its resources stay stored."""
+        with self.lock:
+            if exists:
+                self.add_project(project)
+            else:
+                self.projects.discard(project)
+            self.mark_dirty()
 
     def instance(self, project: str, zone: str, name: str) -> InstanceRecord | None:
         return self.instances.get(project, {}).get(zone, {}).get(name)
@@ -118,6 +144,7 @@ class Store:
             if zone.get(record.name) is record:
                 del zone[record.name]
                 self.guest_attributes.pop(str(record.data.get("id")), None)
+                self.disk_types.pop(str(record.data.get("id")), None)
                 self._sorted.pop(record.project, None)
                 self.version += 1
                 self.mark_dirty()
@@ -209,6 +236,8 @@ class Store:
                 "guest_attributes": self.guest_attributes,
                 "oslogin_keys": self.oslogin_keys,
                 "resource_policies": self.resource_policies,
+                "project_settings": {p: s.to_json() for p, s in sorted(self.settings.items())},
+                "disk_types": self.disk_types,
             }
             encoded = json.dumps(data, separators=(",", ":"))
         write_atomically(self.state_file, encoded, mode=0o600)
@@ -242,6 +271,11 @@ class Store:
         self.guest_attributes = {k: dict(v) for k, v in data.get("guest_attributes", {}).items()}
         self.oslogin_keys = {k: dict(v) for k, v in data.get("oslogin_keys", {}).items()}
         self.resource_policies = {k: dict(v) for k, v in data.get("resource_policies", {}).items()}
+        self.disk_types = {k: list(v) for k, v in data.get("disk_types", {}).items()}
+        for project, settings in data.get("project_settings", {}).items():
+            self.settings[project] = ProjectSettings.from_json(settings)
+            if not self.settings[project].exists:  # its instances must not bring it back
+                self.projects.discard(project)
 
     def wait_for(self, predicate: Any, timeout: float) -> bool:
         deadline = time.monotonic() + timeout

@@ -8,6 +8,10 @@ sandbox's service-account key file:
 - the discovery client (google-api-python-client): exchanges a JWT-bearer grant for an OAuth
   access token at the key file's `token_uri`.
 
+The calls a preflight check makes (Compute quotas, Service Usage, Resource Manager v3, Cloud
+Billing) are driven the same two ways, each API's client pointed at the emulator's origin plus the
+API's prefix (`/cloudresourcemanager`, ...), with the emulator's knobs making each answer fail.
+
 Both clients' google-auth starts its background Regional Access Boundary lookup
 (iamcredentials.googleapis.com) after a refresh; the conftest guard refuses it, and these tests
 check that it is the only thing that tried to leave the machine (see test_client_http.py).
@@ -25,7 +29,7 @@ import google.api_core.exceptions
 import pytest
 import yaml
 from gcp_helpers import REPO
-from google.cloud import compute_v1
+from google.cloud import billing_v1, compute_v1, resourcemanager_v3, service_usage_v1
 from google.oauth2 import service_account
 from googleapiclient import discovery
 from googleapiclient.errors import HttpError
@@ -295,3 +299,143 @@ def test_the_discovery_client_drives_the_whole_lifecycle(slow_operations, key_fi
     assert gone.value.status_code == 404
     # The OAuth flow: one JWT-bearer grant, then its access token for every call.
     assert emulator.stats["token_requests"] == 1
+
+
+# -- what a preflight check asks (quotas, API enablement, the project, billing) -------------------
+
+
+class PreflightClients:
+    """Google's own clients of the APIs a preflight check calls, on the emulator's origin."""
+
+    def __init__(self, emulator, credentials) -> None:
+        def options(prefix: str = "") -> dict[str, str]:
+            return {"api_endpoint": emulator.url + prefix}
+
+        rest = {"credentials": credentials, "transport": "rest"}
+        self.regions = compute_v1.RegionsClient(**rest, client_options=options())
+        self.projects = compute_v1.ProjectsClient(**rest, client_options=options())
+        self.resource_manager = resourcemanager_v3.ProjectsClient(
+            **rest, client_options=options("/cloudresourcemanager")
+        )
+        self.service_usage = service_usage_v1.ServiceUsageClient(
+            **rest, client_options=options("/serviceusage")
+        )
+        self.billing = billing_v1.CloudBillingClient(**rest, client_options=options("/cloudbilling"))
+
+    def region_quotas(self, project: str = PROJECT, region: str = "us-east1") -> dict[str, tuple]:
+        region_resource = self.regions.get(project=project, region=region)
+        return {q.metric: (q.limit, q.usage) for q in region_resource.quotas}
+
+    def state(self, project: str, service: str) -> str:
+        name = f"projects/{project}/services/{service}"
+        return service_usage_v1.State(self.service_usage.get_service(request={"name": name}).state).name
+
+
+def last_path(emulator, api: str) -> str:
+    """The path (after the API's prefix) of the newest request to a non-Compute API."""
+    return [path for method, path, _q, _b in emulator.requests if method.startswith(api)][-1]
+
+
+def test_googles_clients_read_the_preflight_answers(emulator, key_file: Path) -> None:
+    clients = PreflightClients(emulator, service_account.Credentials.from_service_account_file(str(key_file)))
+    emulator.seed_instances(PROJECT, ZONE, 1, "l4", machine_type="g2-standard-8")
+
+    quotas = clients.region_quotas()
+    assert quotas["NVIDIA_L4_GPUS"] == (16, 1) and quotas["CPUS"] == (24000, 8)
+    assert {"PREEMPTIBLE_NVIDIA_L4_GPUS", "NVIDIA_T4_GPUS", "SSD_TOTAL_GB", "IN_USE_ADDRESSES"} <= set(quotas)
+    project_quotas = {q.metric: (q.limit, q.usage) for q in clients.projects.get(project=PROJECT).quotas}
+    assert project_quotas["GPUS_ALL_REGIONS"] == (32, 1)
+
+    project = clients.resource_manager.get_project(name=f"projects/{PROJECT}")
+    assert last_path(emulator, "cloudresourcemanager/v3") == f"projects/{PROJECT}"  # the URL it built
+    assert project.project_id == PROJECT and project.state == resourcemanager_v3.Project.State.ACTIVE
+    assert project.name == f"projects/{emulator.project_settings(PROJECT)['number']}"
+    wanted = ["compute.instances.create", "iap.tunnelInstances.accessViaIAP"]
+    held = clients.resource_manager.test_iam_permissions(resource=f"projects/{PROJECT}", permissions=wanted)
+    assert last_path(emulator, "cloudresourcemanager/v3") == f"projects/{PROJECT}:testIamPermissions"
+    assert list(held.permissions) == wanted
+    found = clients.resource_manager.search_projects(query=f"id:{PROJECT}")
+    assert [p.project_id for p in found] == [PROJECT]
+    assert last_path(emulator, "cloudresourcemanager/v3") == "projects:search"
+
+    assert clients.state(PROJECT, "compute.googleapis.com") == "ENABLED"
+    names = [f"projects/{PROJECT}/services/{s}.googleapis.com" for s in ("iap", "storage")]
+    request = {"parent": f"projects/{PROJECT}", "names": names}
+    batch = clients.service_usage.batch_get_services(request=request)
+    assert last_path(emulator, "serviceusage/v1") == f"projects/{PROJECT}/services:batchGet"
+    assert [(s.config.title, s.state.name) for s in batch.services] == [
+        ("Cloud Identity-Aware Proxy API", "ENABLED"), ("Cloud Storage API", "ENABLED")
+    ]  # fmt: skip
+
+    billing = clients.billing.get_project_billing_info(name=f"projects/{PROJECT}")
+    assert last_path(emulator, "cloudbilling/v1") == f"projects/{PROJECT}/billingInfo"
+    assert billing.billing_enabled and billing.billing_account_name.startswith("billingAccounts/")
+    assert emulator.stats["token_requests"] == 0  # self-signed JWTs, one audience per API
+
+
+def test_googles_clients_see_each_knob_fail_its_check(emulator, key_file: Path) -> None:
+    clients = PreflightClients(emulator, service_account.Credentials.from_service_account_file(str(key_file)))
+    emulator.new_project("fresh")
+    number = emulator.project_settings("fresh")["number"]
+
+    with pytest.raises(google.api_core.exceptions.Forbidden) as disabled:  # API disabled
+        clients.regions.get(project="fresh", region="us-east1")
+    assert disabled.value.reason == "SERVICE_DISABLED" and disabled.value.domain == "googleapis.com"
+    assert disabled.value.metadata["activationUrl"] == (
+        f"https://console.developers.google.com/apis/api/compute.googleapis.com/overview?project={number}"
+    )
+    assert disabled.value.metadata["consumer"] == f"projects/{number}"
+    assert [clients.state("fresh", s) for s in ("compute.googleapis.com", "iap.googleapis.com",
+                                                "aiplatform.googleapis.com")] == ["DISABLED"] * 3  # fmt: skip
+
+    emulator.configure_project("fresh", disabled_services=[])  # quota 0
+    quotas = clients.region_quotas("fresh")
+    assert quotas["NVIDIA_L4_GPUS"][0] == quotas["PREEMPTIBLE_NVIDIA_L4_GPUS"][0] == 0
+    assert {q.metric: q.limit for q in clients.projects.get(project="fresh").quotas}["GPUS_ALL_REGIONS"] == 0
+
+    held = clients.resource_manager.test_iam_permissions(  # permission missing
+        resource="projects/fresh", permissions=["iap.tunnelInstances.accessViaIAP"]
+    )
+    assert list(held.permissions) == []
+
+    with pytest.raises(google.api_core.exceptions.Forbidden) as missing:  # project missing
+        clients.resource_manager.get_project(name="projects/no-such-project")
+    assert missing.value.reason == "IAM_PERMISSION_DENIED"
+    assert "(or it may not exist)" in missing.value.message
+
+    emulator.configure_project("fresh", billing_enabled=False)  # billing off
+    billing = clients.billing.get_project_billing_info(name="projects/fresh")
+    assert (billing.billing_enabled, billing.billing_account_name) == (False, "")
+
+
+def test_the_discovery_client_reads_the_preflight_apis(emulator, key_file: Path) -> None:
+    """google-api-python-client's static documents for Service Usage, Resource Manager v3 and Cloud
+    Billing, each pointed at the API's prefix, with OAuth access tokens."""
+    credentials = service_account.Credentials.from_service_account_file(str(key_file))
+
+    def build(name: str, version: str):
+        return discovery.build(name, version, credentials=credentials, static_discovery=True,
+                               client_options={"api_endpoint": f"{emulator.url}/{name}/"})  # fmt: skip
+
+    emulator.configure_project(PROJECT, disabled_services=["iap.googleapis.com"])
+    services = build("serviceusage", "v1").services()
+    iap = services.get(name=f"projects/{PROJECT}/services/iap.googleapis.com").execute()
+    assert iap["state"] == "DISABLED"
+    names = [f"projects/{PROJECT}/services/compute.googleapis.com"]
+    batch = services.batchGet(parent=f"projects/{PROJECT}", names=names).execute()
+    assert [s["state"] for s in batch["services"]] == ["ENABLED"]
+
+    projects = build("cloudresourcemanager", "v3").projects()
+    assert projects.get(name=f"projects/{PROJECT}").execute()["projectId"] == PROJECT
+    wanted = {"permissions": ["compute.instances.create"]}
+    tested = projects.testIamPermissions(resource=f"projects/{PROJECT}", body=wanted).execute()
+    assert tested == {"permissions": ["compute.instances.create"]}
+    found = projects.search(query=f"id:{PROJECT}").execute()
+    assert [p["projectId"] for p in found["projects"]] == [PROJECT]
+    with pytest.raises(HttpError) as hidden:
+        projects.get(name="projects/no-such-project").execute()
+    assert hidden.value.status_code == 403
+
+    billing = build("cloudbilling", "v1").projects().getBillingInfo(name=f"projects/{PROJECT}").execute()
+    assert billing["billingEnabled"] is True and billing["projectId"] == PROJECT
+    assert emulator.stats["token_requests"] == 3  # OAuth access tokens: one grant per built client

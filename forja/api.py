@@ -28,7 +28,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from forja import colab, cost_report, datasets, following, hub, lifecycle, live, managed, training, vertex
+from forja import (
+    colab,
+    cost_report,
+    datasets,
+    following,
+    hub,
+    lifecycle,
+    live,
+    managed,
+    preflight,
+    training,
+    vertex,
+)
 from forja.cost_report import CostReport
 from forja.runs import RUN_NAME, TrainResult, TrainStatus, how_to_follow
 from forja.session import FOLLOW_WINDOW_S, POLL_S, Session
@@ -42,6 +54,7 @@ class Forja(Session):
     __doc__ = Session.__doc__
 
     # -- the hosts' lifecycle (forja.lifecycle) and the managed watcher (forja.managed) ----------
+    check = preflight.check
     up = lifecycle.up
     configure = lifecycle.configure
     down = lifecycle.down

@@ -30,6 +30,13 @@ Ansible's aggregation merges recursively (`merge_hash`) without mixing hosts::
           preemptions: ["2026-...Z"]    # every preemption the zone's operations still list
           cluster: team                 # a cluster's member: its cluster and rank ("" and 0 alone)
           rank: 1
+      localhost:
+        preflight:                      # gcp_instance (entry point check): the project's preflight
+          project: my-project
+          blocking: true                # a finding failed: forja up stops before creating anything
+          elapsed_s: 1.4
+          findings:                     # in order; status ok, warn, fail or skip
+            - {check: quota, subject: NVIDIA_L4_GPUS (us-east1), status: fail, detail: ..., fix: ...}
 
     The token itself is never published (nor logged): only where it is.
 
@@ -139,6 +146,36 @@ class InstanceState(BaseModel):
         return self.exists and self.status == "RUNNING"
 
 
+class Finding(BaseModel):
+    """One line of the preflight (gcp_instance's `check`): what was checked, found, and the fix."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    check: str
+    subject: str
+    status: str  # ok, warn, fail or skip
+    detail: str
+    fix: str = ""
+    link: str = ""
+
+
+class PreflightReport(BaseModel):
+    """The preflight of one project: every finding, and whether one blocks creating the VMs."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    project: str
+    findings: list[Finding] = Field(default_factory=list)
+    blocking: bool = False
+    #: Each failed finding as one line for people (the module's wording, its one home).
+    problems: list[str] = Field(default_factory=list)
+    elapsed_s: float = 0.0
+
+    @property
+    def failed(self) -> list[Finding]:
+        return [f for f in self.findings if f.status == "fail"]
+
+
 class HostFacts(BaseModel):
     """Everything one host published in one play (each part only when its role ran)."""
 
@@ -148,6 +185,7 @@ class HostFacts(BaseModel):
     runs: list[runstate.RunState] = Field(default_factory=list)
     jupyter: JupyterConnection | None = None
     instance: InstanceState | None = None
+    preflight: PreflightReport | None = None
 
     @field_validator("contract_version")
     @classmethod
@@ -183,6 +221,10 @@ class Published(BaseModel):
     @property
     def instances(self) -> dict[str, InstanceState]:
         return {host: facts.instance for host, facts in sorted(self.hosts.items()) if facts.instance}
+
+    @property
+    def preflight(self) -> PreflightReport | None:
+        return next((facts.preflight for facts in self.hosts.values() if facts.preflight), None)
 
 
 def read_stats(artifact_data: Mapping[str, Any]) -> Published:

@@ -24,6 +24,8 @@ class ExitCode(IntEnum):
     STILL_RUNNING = 7
     #: The run diverged (NaN, Inf or over its loss bound) and was stopped: not restarted, nothing exported.
     DIVERGED = 8
+    #: `forja check` (or the check `forja up` runs first) found a problem that blocks creating the VM.
+    CHECK_FAILED = 9
 
 
 class ForjaError(Exception):
@@ -37,13 +39,18 @@ class ForjaError(Exception):
 
 
 class ConfigError(ForjaError):
-    """Bad input from the user: names the field and the fix; nothing was changed."""
+    """Bad input from the user: names the field and the fix; nothing was changed.
+
+    `source` is the file the field is in when it is one (an inventory): the message then names it,
+    `inventory /path/gcp_gpu.yml: projects: no project given; ...`, the cause in the file's own words.
+    """
 
     exit_code = ExitCode.USAGE
 
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
+    def __init__(self, field: str, message: str, *, source: str = "") -> None:
+        super().__init__(f"{field} {source}: {message}" if source else f"{field}: {message}")
         self.field = field
+        self.source = source
 
 
 class PlaybookFailed(ForjaError):
@@ -53,16 +60,29 @@ class PlaybookFailed(ForjaError):
 
     def __init__(self, host: str, task: str, message: str, playbook: str = "", code: str = "") -> None:
         where = f" in {playbook}" if playbook else ""
-        if task:
-            super().__init__(f"task '{task}' failed on {host}{where}: {message}")
+        if task.strip(" -") and host.strip(" -"):  # the cause first, then where it happened
+            super().__init__(f"{message} (task '{task}' on {host}{where})")
         else:  # Ansible stopped before any task ran (it could not parse the play, or not start)
-            super().__init__(f"{playbook or 'the playbook'} failed before any task ran: {message}")
+            super().__init__(f"{playbook or 'the playbook'}: {message}")
         self.host = host
         self.task = task
         self.detail = message
         self.playbook = playbook
         #: The module's error code when it gave one (the Compute API's, for the gcp modules).
         self.code = code
+
+
+class CheckFailed(ForjaError):
+    """The project's preflight found what blocks creating the VM; nothing was created. `report` is
+    the whole preflight (a forja.contract.PreflightReport), every finding with its fix."""
+
+    exit_code = ExitCode.CHECK_FAILED
+
+    def __init__(self, report: object, problems: list[str]) -> None:
+        count = f"{len(problems)} problem{'s' if len(problems) != 1 else ''}"
+        super().__init__(f"nothing was created: the check found {count}:\n" + "\n".join(
+            f"  - {p}" for p in problems))
+        self.report = report
 
 
 class RunDiverged(PlaybookFailed):

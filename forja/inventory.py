@@ -39,12 +39,33 @@ STOPPED_STATUSES = frozenset({"STOPPING", "STOPPED", "SUSPENDING", "SUSPENDED", 
 #: autostop_guest_attribute); the gcp_gpu inventory exposes a stopped VM's as `guest_attributes`.
 STOP_REASON_ATTRIBUTE = "forja/autostop"
 
-#: What Ansible says when a source does not parse (forja.runner.STRICT_INVENTORY makes it fatal;
+#: What Ansible says when a source does not parse (STRICT_INVENTORY makes it fatal;
 #: ansible/inventory/manager.py), and the first plugin's reason, from its warnings on stderr or from
 #: forja.runner's output tail (lines joined with spaces).
 _UNPARSED = re.compile(r"Completely failed to parse inventory source (?P<source>.+?)(?= Failed to parse "
-                       r"inventory with |\s*\n|\s*$)")
-_REASON = re.compile(r"Failed to parse inventory with '(?P<plugin>[^']+)' plugin: (?P<reason>[^\n]+)")
+                       r"inventory with |\s*\n|\s*$| \[WARNING\]| \[ERROR\])")
+#: One plugin's reason: up to the end of its line (stderr), or to the next message (a joined output tail).
+_REASON = re.compile(r"Failed to parse inventory with '(?P<plugin>[^']+)' plugin: (?P<reason>.+?)"
+                     r"(?=\n| \[WARNING\]| \[ERROR\]| ERROR!| Failed to parse inventory with |$)")
+#: An inventory plugin as Ansible names it when it loaded it by path (2.19): shown as the user wrote it.
+_PLUGIN_MODULE = re.compile(r"ansible_collections\.(\w+)\.(\w+)\.plugins\.inventory\.(\w+)")
+#: What Ansible's other plugins say about a file that is not theirs: never the cause (the `constructed`
+#: fallback reads every .yml, the `yaml` one every plugin config, the `ini` one every YAML file).
+_NOISE = ("Incorrect plugin name in file", "Plugin configuration YAML file, not YAML inventory",
+          "no root 'plugin' key found", "is normally a sign this is a YAML file",
+          "ending in ':' is not allowed")
+#: forja's own inventory plugins (plugins/inventory/): a config of any other is not a forja inventory.
+FORJA_PLUGINS = ("forja.gpu.gcp_gpu", "forja.gpu.inventory_required")
+#: The keys of a group in a YAML inventory (Ansible's yaml plugin skips, with a warning, any other).
+_GROUP_KEYS = frozenset({"hosts", "vars", "children"})
+
+#: Set for every Ansible process forja starts (forja.runner's plays, `read` here): an inventory source
+#: that exists but does not parse stops Ansible, the one source of `-i` and each of several alike;
+#: Ansible's default only warns and goes on with an empty or partial inventory ("nothing is running").
+#: `unparsed` turns what Ansible then says into forja's error. Not in ansible.cfg: Ansible run by hand
+#: over several sources (the gcp_gpu plugin's tests) still reports every failing one.
+STRICT_INVENTORY = {"ANSIBLE_INVENTORY_UNPARSED_FAILED": "True",
+                    "ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED": "True"}
 
 Inventory = str | Path | Sequence[str | Path] | None
 #: What names the inventory when none is given: the CLI's `-i` and `Forja(inventory=)` alike.
@@ -52,13 +73,22 @@ INVENTORY_ENV = "FORJA_INVENTORY"
 
 
 def chosen(inventory: Inventory = None) -> str | list[str] | None:
-    """The inventory a command acts on, as absolute paths: the one given, else $FORJA_INVENTORY.
+    """The inventory a command acts on, as absolute paths: the one given, else $FORJA_INVENTORY, else
+    the user's own (`forja init`'s ~/.config/forja/inventory, under $XDG_CONFIG_HOME when set) when
+    it exists.
 
     The one rule for the CLI and the API, so `forja -i X`, `FORJA_INVENTORY=X forja` and
-    `Forja(inventory=X)` act on the same hosts. None when neither names one (see `required`).
+    `Forja(inventory=X)` act on the same hosts. The user's own inventory is a default because the
+    user wrote it for this purpose (`forja init`), unlike ansible.cfg's, which chooses nothing.
+    None when nothing names one (see `required`).
     """
     if inventory is None:
         inventory = os.environ.get(INVENTORY_ENV) or None
+    if inventory is None and not os.environ.get("ANSIBLE_INVENTORY"):
+        from forja.paths import user_inventory
+
+        own = user_inventory()
+        inventory = own if own.exists() else None
     if inventory is None:
         return None
     if isinstance(inventory, str | Path):
@@ -82,7 +112,29 @@ def required(inventory: str | list[str] | None) -> str | list[str] | None:
         if not os.access(path, os.R_OK):
             raise errors.ConfigError("inventory", f"{path} cannot be read by this user; check its "
                                                   "permissions, or name another with -i")
+        broken = _broken_links(path)
+        if broken is not None:
+            raise errors.ConfigError("inventory", broken, source=path)
+        what = not_an_inventory(path)
+        if what is not None:  # before any play: Ansible would read no host from it, or not read it at all
+            raise errors.ConfigError("inventory", what, source=path)
     return inventory
+
+
+def _broken_links(path: str) -> str | None:
+    """Why a folder inventory's group variables cannot be read: a link in group_vars/ whose file is
+    gone. `forja init` links forja's shared settings from the forja that wrote them; a forja installed
+    again elsewhere (a new Python under pipx) leaves those links pointing at nothing, and Ansible would
+    stop with a bare "could not find"."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return None
+    for link in sorted(folder.glob("group_vars/**/*")):
+        if link.is_symlink() and not link.exists():
+            return (f"{link} links to {os.readlink(link)}, which is gone (forja was installed elsewhere "
+                    "since `forja init` wrote it); run `forja init --force` with your options again, "
+                    "or point the link at this forja's inventory/group_vars/all")
+    return None
 
 
 def unparsed(said: str) -> errors.ConfigError | None:
@@ -90,39 +142,119 @@ def unparsed(said: str) -> errors.ConfigError | None:
     (ansible-inventory's stderr, a play's output); None when it said no such thing.
 
     Why after the fact and not a check up front: Ansible parses the inventory anyway, first thing in
-    every play and `ansible-inventory` call, and with forja.runner.STRICT_INVENTORY it stops there.
+    every play and `ansible-inventory` call, and with STRICT_INVENTORY it stops there.
     A check of forja's own would cost every command another parse (a dynamic plugin's API calls
     included), and could disagree with Ansible's plugins (a `*.gcp_gpu.yml` is a plugin config).
     So the error costs nothing when the inventory is fine. Exit 2, like a missing file (`required`).
+
+    The message is the cause in the inventory's own words (`inventory PATH: projects: no project
+    given; ...`): the plugin that owns the file says it, not the other plugins Ansible tried after it
+    (their "not my kind of file" is dropped), and a file that is no forja inventory at all says so.
     """
     found = _UNPARSED.search(said)
     if found is None:
         return None
-    cause = _REASON.search(said)
-    why = f" ({cause['plugin']} plugin: {cause['reason'].strip().rstrip('.')})" if cause else ""
-    return errors.ConfigError("inventory", f"Ansible could not parse {found['source'].strip()} as an "
-                                           f"inventory{why}. Fix it, or name another with -i")
+    source = found["source"].strip()
+    reasons: dict[str, str] = {}
+    for cause in _REASON.finditer(said):
+        plugin = _PLUGIN_MODULE.sub(r"\1.\2.\3", cause["plugin"])
+        reason = cause["reason"].strip().rstrip(".").removeprefix(f"{source}: ")  # it is named once
+        if not any(noise in reason for noise in _NOISE):
+            reasons.setdefault(plugin, reason)
+    what = not_an_inventory(source, reasons.get("auto", ""))
+    if what is not None:
+        return errors.ConfigError("inventory", what, source=source)
+    ours = [r for p, r in reasons.items() if p in FORJA_PLUGINS or p.startswith("forja.")]
+    if ours:  # forja's plugins name the field and the fix themselves
+        return errors.ConfigError("inventory", ours[0], source=source)
+    reason = next(iter(reasons.values()), "") or "Ansible gave no reason"
+    return errors.ConfigError("inventory", f"{reason}. Fix it, or name another with -i", source=source)
+
+
+def not_an_inventory(path: str, unknown_plugin: str = "") -> str | None:
+    """Why the file at `path` is no inventory forja can use, read from the file alone (no plugin
+    runs); None when it may be one, or is not a YAML/JSON file (Ansible judges those).
+
+    Cheap enough to ask before any play: YAML that is not a mapping, groups that are not groups
+    (an OAuth client secret given to -i), a gcp_gpu config under a name its plugin does not read, and
+    (`unknown_plugin`: Ansible's `auto` plugin could not load it) another plugin's config.
+    """
+    target = Path(path)
+    if target.suffix not in (".yml", ".yaml", ".json") or not target.is_file():
+        return None
+    import yaml
+
+    try:
+        data = yaml.safe_load(target.read_text(errors="replace"))
+    except (OSError, yaml.YAMLError):
+        return None  # Ansible's yaml plugin says where the YAML breaks
+    plugin = data.get("plugin") if isinstance(data, dict) else None
+    if data is None:
+        why = "it is empty"
+    elif not isinstance(data, dict):
+        why = f"it is a YAML {'list' if isinstance(data, list) else type(data).__name__}, not an inventory"
+    elif secret := [k for k in ("installed", "web") if "client_id" in (data.get(k) or {})]:
+        key = secret[0]
+        why = (f"it is an OAuth client secret (top-level \"{key}\"), not an inventory; a key file goes "
+               "in FORJA_GCP_CREDENTIALS_FILE, and must be a service-account key")
+    elif data.get("type") == "service_account":
+        why = "it is a service-account key, not an inventory; set FORJA_GCP_CREDENTIALS_FILE to it instead"
+    elif plugin is not None:
+        name = str(plugin)
+        ours = name in FORJA_PLUGINS or name.split(".")[-1] in ("gcp_gpu", "inventory_required")
+        if name.endswith("gcp_gpu") and not target.name.endswith(("gcp_gpu.yml", "gcp_gpu.yaml")):
+            return (f"the forja.gpu.gcp_gpu plugin reads only files named *gcp_gpu.yml; rename it "
+                    f"(e.g. {target.stem}.gcp_gpu.yml), or name another with -i")
+        if ours or not unknown_plugin:
+            return None
+        missing = "specifies unknown plugin" in unknown_plugin
+        why = f"it configures the inventory plugin '{name}'" + (
+            ", which is not installed" if missing else f", which failed: {unknown_plugin}")
+    else:
+        groups = [k for k, v in data.items()
+                  if not (v is None or (isinstance(v, dict) and v.keys() <= _GROUP_KEYS))]
+        if not groups:
+            return None
+        why = (f"'{groups[0]}' is not a group (a group holds only hosts, vars and children), so Ansible "
+               "would read no host from it")
+    return f"not a forja inventory: {why}. {_choices()}{_init_hint()}"
+
+
+def _init_hint() -> str:
+    """`forja init`, where the choices do not name it already."""
+    return "" if "forja init" in _choices() else "; or write your own with `forja init`"
 
 
 def not_chosen() -> errors.ConfigError:
-    """No -i, FORJA_INVENTORY or ANSIBLE_INVENTORY: the error naming the choices."""
-    return errors.ConfigError("inventory", f"no inventory chosen. {_choices()}; or set {INVENTORY_ENV} to it")
+    """No -i, FORJA_INVENTORY, ANSIBLE_INVENTORY or user's inventory: the error naming the choices,
+    `forja init` among them (it writes the inventory forja then uses by default)."""
+    from forja.paths import user_inventory
+
+    return errors.ConfigError(
+        "inventory", f"no inventory chosen. {_choices()}; or set {INVENTORY_ENV} to it; or run "
+                     f"`forja init --project PROJECT_ID` once, which writes your own inventory for Google "
+                     f"Cloud to {user_inventory()}, forja's default from then on")
 
 
 def _choices() -> str:
     """"Name one: -i PATH (what) ...": the choices that ansible.cfg's default inventory
-    (inventory/choose.yml, their one home) lists."""
+    (inventory/choose.yml, their one home) lists.
+
+    In a clone the paths stay as choose.yml writes them (relative to the clone, where its README
+    runs forja); in an installed copy they are made absolute, since the user runs forja anywhere."""
     import configparser
 
     import yaml
 
-    from forja.paths import REPO_ROOT
+    from forja.paths import REPO_ROOT, ansible_env
 
     cfg = configparser.ConfigParser(interpolation=None)
     cfg.read(REPO_ROOT / "ansible.cfg")
     default = REPO_ROOT / cfg.get("defaults", "inventory", fallback="inventory/choose.yml")
     choices = (yaml.safe_load(default.read_text()) or {}).get("choices", {}) if default.is_file() else {}
-    named = "; ".join(f"-i {path} ({what})" for path, what in choices.items())
+    installed = bool(ansible_env())
+    named = "; ".join(f"-i {REPO_ROOT / path if installed else path} ({what})"
+                      for path, what in choices.items())
     return f"Name one: {named or '-i PATH'}"
 
 
@@ -190,13 +322,11 @@ def read(inventory: Inventory = None, *, cwd: Path | None = None) -> InventoryDa
 
     `cwd` is where ansible.cfg is looked up; forja's repository by default, like the playbooks.
     """
-    from forja.paths import REPO_ROOT
-    from forja.runner import STRICT_INVENTORY
-
+    from forja.paths import REPO_ROOT, ansible_env
     cmd = [_ansible_inventory(), "--list"]
     for source in _sources(inventory):
         cmd += ["-i", source]
-    env = dict(os.environ, ANSIBLE_INJECT_FACT_VARS="False", **STRICT_INVENTORY)
+    env = {**os.environ, "ANSIBLE_INJECT_FACT_VARS": "False", **STRICT_INVENTORY, **ansible_env()}
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=cwd or REPO_ROOT, env=env)
     if proc.returncode != 0:
         not_parsed = unparsed(proc.stderr)

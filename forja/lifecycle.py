@@ -10,14 +10,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from forja import contract
+from forja import contract, preflight
 from forja.runner import RunResult
 from forja.session import Session
 
 
-def up(session: Session, extravars: Mapping[str, Any] | None = None) -> RunResult:
-    """Create or start the GPU host(s): playbooks/provision.yml (extravars: e.g. another zone)."""
-    return session.run("provision.yml", extravars)
+def up(session: Session, extravars: Mapping[str, Any] | None = None, check: bool = True) -> RunResult:
+    """Create or start the GPU host(s): playbooks/provision.yml (extravars: e.g. another zone).
+
+    It checks the project first (what `forja check` does) and raises CheckFailed, creating
+    nothing, when something blocks: no quota, an API off, a missing permission or tool. `check=False`
+    (`forja up --no-check`) skips the check."""
+    result = session.run("provision.yml", {**(extravars or {}), "gcp_instance_check": check}, check=False)
+    preflight.raise_if_blocking(contract.read_stats(result.artifact_data).preflight)
+    return result.raise_for_status()
 
 
 def configure(session: Session, extravars: Mapping[str, Any] | None = None) -> list[RunResult]:

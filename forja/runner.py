@@ -5,8 +5,9 @@ checking off unless told otherwise, drops events when the handler does not retur
 extra vars onto the command line and into `env/` files, keeps every artifact folder forever, and
 points the fact cache into each run's artifacts). Every runner argument is decided here, once:
 
-- `private_data_dir` is absolute (runner issue #1038), `project_dir` is the forja repository so its
-  `ansible.cfg`, roles and plugins apply;
+- `private_data_dir` is absolute (runner issue #1038), `project_dir` is forja's content (the clone,
+  or the copy an installed wheel carries: forja.paths) so its `ansible.cfg`, roles and plugins apply,
+  with `forja.paths.ansible_env` naming them to Ansible where no clone's link does;
 - host-key checking is an explicit choice of the caller, passed as ANSIBLE_HOST_KEY_CHECKING;
 - extra vars go through a 0600 file that is deleted after the run, never the command line, and
   `suppress_env_files` keeps runner from writing `env/extravars`;
@@ -32,7 +33,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from forja import errors
-from forja.paths import REPO_ROOT, forja_home
+from forja.inventory import STRICT_INVENTORY, unparsed
+from forja.paths import REPO_ROOT, ansible_env, forja_home
 
 if TYPE_CHECKING:
     from forja import events as ev
@@ -43,13 +45,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 logging.getLogger("ansible-runner").addHandler(logging.NullHandler())
 
-#: Set for every Ansible process forja starts (plays here, `forja.inventory.read`): an inventory source
-#: that exists but does not parse stops Ansible, the one source of `-i` and each of several alike;
-#: Ansible's default only warns and goes on with an empty or partial inventory ("nothing is running").
-#: forja.inventory.unparsed turns what Ansible then says into forja's error. Not in ansible.cfg: Ansible
-#: run by hand over several sources (the gcp_gpu plugin's tests) still reports every failing one.
-STRICT_INVENTORY = {"ANSIBLE_INVENTORY_UNPARSED_FAILED": "True",
-                    "ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED": "True"}
 #: Finished artifact folders kept per private data dir; older ones are deleted (`rotate_artifacts`).
 KEEP_ARTIFACTS = 20
 
@@ -151,10 +146,14 @@ class RunResult:
             raise errors.PlaybookFailed(
                 first.host, first.task, first.message, playbook=self.playbook, code=first.error_code
             )
-        if not self.ok:
+        if not self.ok:  # no task failed: the cause is what Ansible said, then how it ended
+            not_parsed = unparsed(self.output_tail)  # the inventory's own words, not every plugin's
+            if not_parsed is not None:
+                raise not_parsed
             why = f"ansible-playbook exited with {self.rc}"
-            raise errors.PlaybookFailed("", "", f"{why}: {self.output_tail}" if self.output_tail else why,
-                                        playbook=self.playbook)
+            where = f"; its output is in {self.artifact_dir / 'stdout'}" if self.artifact_dir else ""
+            said = f"{self.output_tail} ({why})" if self.output_tail else f"{why} and said nothing{where}"
+            raise errors.PlaybookFailed("", "", said, playbook=self.playbook)
         return self
 
 
@@ -231,9 +230,10 @@ def _result(request: PlaybookRun, runner: Any, collector: _Collector, started: f
 
 
 def _output_tail(artifact: Path | None, lines: int = 6) -> str:
-    """Ansible's own error from the run's stdout (artifacts/<ident>/stdout): its ERROR lines, with
-    the first inventory source's reason when no inventory could be parsed (the plugin's own words:
-    an emulator down, a key refused), else its last lines; one line, at most 800 characters."""
+    """Ansible's own error from the run's stdout (artifacts/<ident>/stdout): its ERROR lines (without
+    the `[ERROR]:` mark), with every plugin's reason when an inventory could not be parsed (the one of
+    the plugin that owns the file is the cause: an emulator down, a key refused; see
+    forja.inventory.unparsed), else its last lines; one line."""
     try:
         text = (artifact / "stdout").read_text(errors="replace") if artifact else ""
     except OSError:
@@ -242,9 +242,12 @@ def _output_tail(artifact: Path | None, lines: int = 6) -> str:
     errors_said = [line for line in said if line.startswith(("ERROR!", "[ERROR]"))][:2]
     if not errors_said:
         return " ".join(said[-lines:])[:800]
-    causes = [line.removeprefix("[WARNING]: ") for line in said
-              if line.startswith("[WARNING]: Failed to parse inventory with")][:1]
-    return " ".join(errors_said + causes)[:800]
+    # every plugin's reason: forja.inventory.unparsed picks the one of the plugin that owns the file
+    causes = list(dict.fromkeys(line.removeprefix("[WARNING]: ") for line in said
+                                if line.startswith("[WARNING]: Failed to parse inventory with")))
+    if causes:
+        return " ".join(errors_said + causes)[:4000]
+    return " ".join(line.removeprefix("[ERROR]: ").removeprefix("ERROR! ") for line in errors_said)[:800]
 
 
 def _tools_path() -> dict[str, str]:
@@ -268,6 +271,7 @@ def _runner_kwargs(request: PlaybookRun, extravars_file: Path | None, ident: str
         "ANSIBLE_NOCOLOR": "True",
         **STRICT_INVENTORY,
         **_tools_path(),
+        **ansible_env(),
     }
     kwargs: dict[str, Any] = {
         "private_data_dir": str(data_dir),

@@ -143,6 +143,9 @@ def vertex_errors() -> Iterator[None]:
             raise errors.ConfigError("vertex", f"Vertex AI refused the job: {exc}") from None
         raise errors.ForjaError(f"Vertex AI: {exc}") from None
     except gcp_errors("GcpError") as exc:
+        if type(exc).__name__ == "GcpAuthError":  # no key or a bad one: the user's input, exit 2 as elsewhere
+            field, _, fix = exc.message.partition(": ")
+            raise errors.ConfigError(field if fix else "credentials", fix or exc.message) from None
         raise errors.ForjaError(f"Vertex AI: {exc}") from None
 
 

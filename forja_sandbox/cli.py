@@ -33,8 +33,18 @@ def up(as_json: Annotated[bool, typer.Option("--json", help="Print the endpoint 
         out.print_json(json.dumps(endpoint))
     else:
         out.print(f"sandbox cloud up: Compute API at {endpoint['api_url']} (project {endpoint['project']})")
-        out.print("next: export FORJA_INVENTORY=inventory/sandbox; forja up"
-                  "  (or: ansible-playbook -i inventory/sandbox site.yml)")
+        out.print(f"next: {_next_steps()}", soft_wrap=True)
+
+
+def _next_steps() -> str:
+    """How to use the sandbox now: from a clone as its README says; from an installed forja (pipx,
+    pip) with the inventory/sandbox it carries, by its absolute path (any folder)."""
+    from forja.paths import REPO_ROOT, ansible_env
+
+    if ansible_env():
+        return f"export FORJA_INVENTORY={REPO_ROOT / 'inventory' / 'sandbox'}; forja up"
+    return ("export FORJA_INVENTORY=inventory/sandbox; forja up"
+            "  (or: ansible-playbook -i inventory/sandbox site.yml)")
 
 
 @app.command()

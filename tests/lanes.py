@@ -21,6 +21,7 @@ SHARED_GROUPS = {
     "tests/sandbox/test_site_e2e.py": "sandbox",
     "tests/sandbox/test_cluster_training.py": "sandbox",
     "tests/cli/test_cli_sandbox.py": "sandbox",
+    "tests/sandbox/test_installed_walk.py": "sandbox",
 }
 
 

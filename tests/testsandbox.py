@@ -49,11 +49,12 @@ def tokens() -> Path:
     return Path(env()["FORJA_SANDBOX_DIR"]) / "tokens"
 
 
-def write_inventory(folder: Path = INVENTORY) -> Path:
+def write_inventory(folder: Path = INVENTORY, source: Path = SOURCE) -> Path:
     """Write INVENTORY: the shared group variables (gcp.yml, access.yml) as links to the checkout's
     files; sandbox.yml and the gcp_gpu source as copies with the endpoints moved. Written once per
     run, with the test hosts' lock held (so never by two processes at once), so a change to
-    inventory/sandbox is never missed."""
+    inventory/sandbox is never missed. `source` is another copy of inventory/sandbox to move (an
+    installed forja's: tests/sandbox/test_installed_walk.py); `folder`'s parent is replaced."""
     sandbox_dir = env()["FORJA_SANDBOX_DIR"]
 
     def moved(text: str) -> str:
@@ -62,13 +63,13 @@ def write_inventory(folder: Path = INVENTORY) -> Path:
 
     shutil.rmtree(folder.parent, ignore_errors=True)
     (folder / "group_vars" / "all").mkdir(parents=True)
-    for item in (SOURCE / "group_vars" / "all").iterdir():
+    for item in (source / "group_vars" / "all").iterdir():
         target = folder / "group_vars" / "all" / item.name
         if item.is_symlink():
             target.symlink_to(item.resolve())
         else:
             target.write_text(moved(item.read_text()))
-    (folder / "gcp_gpu.yml").write_text(moved((SOURCE / "gcp_gpu.yml").read_text()))
+    (folder / "gcp_gpu.yml").write_text(moved((source / "gcp_gpu.yml").read_text()))
     # Its VMs' Jupyter tokens too: the user's sandbox VM has the same name (forja-l4), and its token
     # file in ~/.config/forja/tokens must stay the user's.
     with (folder / "group_vars" / "all" / "sandbox.yml").open("a") as out:

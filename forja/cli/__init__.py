@@ -13,7 +13,7 @@ Tables show numbers for people (`forja.format`: `0.008180`, `0.2¢`, `$0.71/h`, 
 `--json` prints the API's values at full precision.
 
 The package in layers: forja/cli/common.py below (the global options, the error path, the printers,
-`verb`, the `Forja` factory), one module per part above it (hosts, train, runs, live, cost, data,
+`verb`, the `Forja` factory), one module per part above it (init, hosts, train, runs, live, cost, data,
 model, vertex), each importing common and never another part, and this module on top: the root
 `app` with the global options, every part registered from the one list `PARTS`, so this stays the
 single entry point (`forja = forja.cli:app`).
@@ -28,7 +28,7 @@ from typing import Annotated, Any
 
 import typer
 
-from forja.cli import cost, data, hosts, live, model, runs, train, vertex
+from forja.cli import cost, data, hosts, init, live, model, runs, train, vertex
 from forja.cli.common import EXIT_CODES_HELP, SUMMARY_SHOWN, Options
 
 __all__ = ["EXIT_CODES_HELP", "SUMMARY_SHOWN", "app"]
@@ -70,7 +70,8 @@ def main(
         str | None,
         typer.Option("--inventory", "-i",
                      help="inventory/gcp_gpu.yml (Google Cloud) or inventory/sandbox (the local sandbox); "
-                          "default: $FORJA_INVENTORY."),
+                          "default: $FORJA_INVENTORY, else ~/.config/forja/inventory (forja init) when "
+                          "it exists."),
     ] = None,
     limit: Annotated[
         str | None, typer.Option("--limit", "-l", help="Only these hosts (Ansible pattern).")
@@ -97,9 +98,10 @@ def main(
     )
 
 
-#: Every part's commands, in the order `forja --help` lists them. A part without a name (hosts,
+#: Every part's commands, in the order `forja --help` lists them. A part without a name (init, hosts,
 #: train, runs, live) adds its verbs to the root (`forja up`); a named one is a group (`forja cost`).
 PARTS: tuple[typer.Typer, ...] = (
+    init.commands,
     hosts.commands,
     train.commands,
     runs.commands,

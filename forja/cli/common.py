@@ -41,7 +41,8 @@ EXIT_CODES_HELP = (
     "Exit codes: 0 ok, 1 a playbook task failed, 2 bad usage or input, 3 a host is unreachable, "
     "4 cancelled, 5 run not found, 6 the VM is stopped (start it with `forja up`), "
     "7 stopped following a run that goes on (--timeout, Ctrl-C), "
-    "8 the run diverged (NaN or Inf loss) and was stopped."
+    "8 the run diverged (NaN or Inf loss) and was stopped, "
+    "9 `forja check` found a problem that blocks creating the VM (nothing was created)."
 )
 #: What Ctrl-C means to a command that may have started a training run.
 RUN_GOES_ON = ("interrupted; a run already started keeps going on the host "
@@ -110,7 +111,7 @@ ClusterOption = Annotated[
 
 # -- the one error path and the one way to register a verb -------------------------------------
 def _error_fields(exc: ForjaError) -> dict[str, Any]:
-    keys = ("host", "task", "field", "status", "since", "why")
+    keys = ("host", "task", "field", "source", "status", "since", "why")
     return {k: getattr(exc, k) for k in keys if getattr(exc, k, None)}
 
 
@@ -125,7 +126,8 @@ def exit_on_error(ctx: typer.Context, on_interrupt: str) -> Iterator[None]:
         if as_json:
             emit_json({"error": type(exc).__name__, "message": exc.message, **_error_fields(exc)})
         else:
-            console.print(f"[bold red]error:[/] {exc.message}", soft_wrap=True)
+            # escaped: Ansible's own words ("[ERROR]", a group "[forja_gpu]") are text, not rich markup
+            console.print(f"[bold red]error:[/] {escape(exc.message)}", soft_wrap=True)
         raise typer.Exit(int(exc.exit_code)) from exc
     except KeyboardInterrupt as exc:
         console.print(f"[yellow]{on_interrupt}[/]", soft_wrap=True)

@@ -201,13 +201,15 @@ def _vertex_options(
 
 def _show_estimate(ctx: typer.Context, config: Path, cluster: str | None = None) -> None:
     """`forja train`'s estimate before sending (stderr): a run not priced says why and goes on; a
-    cluster the inventory does not have is the command's error, said once, before anything is sent."""
+    cluster the inventory does not have is the command's error, said once, before anything is sent. An
+    inventory file that cannot be read is too, said once: by the command, when it needs the hosts."""
     try:
         found = forja_for(ctx, cluster=cluster).estimate(config)
     except ForjaError as exc:
         if getattr(exc, "field", None) == "--cluster":
             raise
-        console.print(f"no cost estimate: {exc.message}", soft_wrap=True, highlight=False)
+        if not getattr(exc, "source", ""):
+            console.print(f"no cost estimate: {exc.message}", soft_wrap=True, highlight=False, markup=False)
         return
     console.print(found.describe(), soft_wrap=True, highlight=False)
 

@@ -361,7 +361,8 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
                 projects = [config.resolved_project()]
         if not projects:
             raise AnsibleParserError(
-                "projects: no project given; set projects in the gcp_gpu.yml file or FORJA_GCP_PROJECT"
+                "projects: no project given; set FORJA_GCP_PROJECT to your project ID (export "
+                "FORJA_GCP_PROJECT=my-project), or list it as projects: [my-project] in this file"
             )
         return projects
 
@@ -406,9 +407,11 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
                                 "listed no such zone); check its spelling"
                             )
             except GcpError as exc:
+                # The cause first, in its own words (it names its field and fix). Not chained: Ansible
+                # would append the cause's text to the message a second time.
                 raise AnsibleParserError(
-                    f"gcp_gpu: listing VMs of project '{project}' failed: {exc.message}", orig_exc=exc
-                ) from exc
+                    f"{exc.message} (while listing the VMs of project '{project}')"
+                ) from None
             records.extend(host_record(i, preference, expose) for i in instances)
         paths = self.get_option("guest_attributes") or []
         for record in records:

@@ -86,7 +86,23 @@ class GcpAuthError(GcpError):
 
 
 class GcpApiError(GcpError):
-    """The API answered with an HTTP error."""
+    """The API answered with an HTTP error; `error` is Google's error object (`{"code", "message",
+    "errors", "status", "details"}`), kept so a caller can read the ErrorInfo (a disabled API's
+    activation link) without parsing the message."""
+
+    def __init__(
+        self, message: str, *, status: int | None = None, reason: str | None = None,
+        error: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message, status=status, reason=reason)
+        self.error = error or {}
+
+    def error_info(self) -> dict[str, Any]:
+        """The error's google.rpc.ErrorInfo detail (`reason`, `metadata`), {} when there is none."""
+        for detail in self.error.get("details") or []:
+            if isinstance(detail, dict) and str(detail.get("@type", "")).endswith("google.rpc.ErrorInfo"):
+                return detail
+        return {}
 
 
 class GcpNetworkError(GcpError):
@@ -161,6 +177,18 @@ def operation_error_message(op: dict[str, Any], zone: str | None = None) -> tupl
     return code, f"{kind} of '{target}' in {where} failed with {code}: {detail}. What to do: {hint}."
 
 
+def disabled_service(body: Any) -> tuple[str, str]:
+    """The service a SERVICE_DISABLED answer names and its activation link (Google's ErrorInfo
+    metadata); Compute Engine and no link when the body does not say."""
+    error = body.get("error") if isinstance(body, dict) else None
+    details = error.get("details") if isinstance(error, dict) else None
+    for detail in details or []:
+        if isinstance(detail, dict) and detail.get("reason") == "SERVICE_DISABLED":
+            meta = detail.get("metadata") or {}
+            return str(meta.get("service") or "compute.googleapis.com"), str(meta.get("activationUrl") or "")
+    return "compute.googleapis.com", ""
+
+
 def api_error_message(status: int, body: Any, method: str, url: str) -> tuple[str, str]:
     """Turn an HTTP error answer into (reason, message) without the Authorization header or body secrets."""
     reason = ""
@@ -190,11 +218,13 @@ def api_error_message(status: int, body: Any, method: str, url: str) -> tuple[st
             f"check project (or {ENV_PROJECT}) against 'gcloud projects list'"
         )
     if reason in ("accessNotConfigured", "SERVICE_DISABLED"):
-        hint = "enable the Compute Engine API ('gcloud services enable compute.googleapis.com')"
+        service, link = disabled_service(body)
+        hint = f"enable the API: 'gcloud services enable {service}'" + (f", or open {link}" if link else "")
     path = url.split("?", 1)[0]
     return (
         reason,
-        f"{method} {path} -> HTTP {status} {reason or ''}: {detail or 'no detail'}. What to do: {hint}.",
+        f"{method} {path} -> HTTP {status} {reason or ''}: {detail.rstrip('.') or 'no detail'}. "
+        f"What to do: {hint}.",
     )
 
 
@@ -261,11 +291,12 @@ class GcpClient:
         try:
             creds, _project = google.auth.default(scopes=list(cfg.scopes))
         except google.auth.exceptions.DefaultCredentialsError as exc:
+            said = _first_line(exc)  # Google's own words only when they add to "none found" (a bad path)
+            said = "" if said.startswith("Your default credentials were not found") else f" ({said})"
             raise GcpAuthError(
                 "credentials: none found: no credentials_file, no access_token, and no application "
-                f"default credentials ({_first_line(exc)}). Set credentials_file (or "
-                "FORJA_GCP_CREDENTIALS_FILE) to a service-account JSON key, set access_token, or run "
-                "'gcloud auth application-default login'"
+                f"default credentials{said}. Set FORJA_GCP_CREDENTIALS_FILE (or credentials_file) to a "
+                "service-account JSON key, set access_token, or run 'gcloud auth application-default login'"
             ) from None
         self._credentials = creds
 
@@ -375,7 +406,9 @@ class GcpClient:
                 except ValueError:
                     payload = resp.text
                 reason, message = api_error_message(resp.status_code, payload, method, url)
-                raise GcpApiError(message, status=resp.status_code, reason=reason)
+                error = payload.get("error") if isinstance(payload, dict) else None
+                raise GcpApiError(message, status=resp.status_code, reason=reason,
+                                  error=error if isinstance(error, dict) else None)
             if not resp.content:
                 return {}
             try:
@@ -621,6 +654,14 @@ def load_service_account_info(credentials_json: str | None, key_file: str | None
         raise GcpAuthError(
             f"{source}: {where} is JSON but a {type(info).__name__}, not a key object; download the "
             "key again from IAM > Service accounts > Keys"
+        )
+    client = next((k for k in ("installed", "web") if isinstance(info.get(k), dict)), None)
+    if client is not None and "type" not in info:
+        raise GcpAuthError(
+            f"{source}: {where} is an OAuth client secret (top-level \"{client}\"), not a service-account "
+            "key: it names an app, not an account that may use the project. Create a key under IAM > "
+            "Service accounts > Keys > Add key > JSON and point credentials_file (or "
+            f"{ENV_CREDENTIALS_FILE}) at it, or unset it and run 'gcloud auth application-default login'"
         )
     kind = info.get("type")
     if kind not in (None, "service_account"):

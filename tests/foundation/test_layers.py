@@ -23,9 +23,10 @@ PACKAGES = ("forja", "trainer", "forja_sandbox")
 LAYERS: dict[str, int] = {
     "forja.session": 1,
     **dict.fromkeys(
-        ("forja.lifecycle", "forja.following", "forja.training", "forja.replace", "forja.datasets",
-         "forja.colab", "forja.cost_report", "forja.hub", "forja.managed", "forja.vertex", "forja.vertex_job",
-         "forja.ui", "forja.ui.server", "forja.ui.views", "forja.ui.vendor", "forja.top"), 2),
+        ("forja.lifecycle", "forja.preflight", "forja.following", "forja.training", "forja.replace",
+         "forja.datasets", "forja.colab", "forja.cost_report", "forja.hub", "forja.managed", "forja.vertex",
+         "forja.vertex_job", "forja.ui", "forja.ui.server", "forja.ui.views", "forja.ui.vendor",
+         "forja.top"), 2),
     "forja.api": 3,
     "forja.cli": 4,
     "forja.cost.__main__": 4,  # `python -m forja.cost`: the `forja cost` command under another name

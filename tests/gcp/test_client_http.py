@@ -221,6 +221,8 @@ def test_a_missing_key_file_is_named(tmp_path):
         (b"0\x82\x09\xa2\x02\x01\x03", "is not a text file (a P12 key?)"),
         (json.dumps({"type": "authorized_user", "client_id": "x"}), "type 'authorized_user'"),
         (json.dumps({"type": "external_account"}), "workload identity federation"),
+        (json.dumps({"web": {"client_id": "x.apps.googleusercontent.com"}}),
+         'is an OAuth client secret (top-level "web"), not a service-account key'),
         (json.dumps({"type": "gdch_service_account"}), "type 'gdch_service_account', not a service-account"),
         (json.dumps({"type": "service_account", "client_email": "a@b"}), "lacks private_key, token_uri"),
         (

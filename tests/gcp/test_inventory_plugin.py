@@ -167,11 +167,14 @@ def test_failures_name_the_project_and_the_cause_and_are_never_silently_empty(em
     env["ANSIBLE_INVENTORY_UNPARSED_FAILED"] = "false"
     proc = run_inventory(env, missing_key, unknown, offline, denied)
     text = " ".join(proc.stderr.split())
-    assert f"project '{PROJECT}' failed: credentials_file:" in text and "gone.json' does not exist" in text
-    assert "project 'no-such-project' failed" in text and "What to do" in text
+    # the cause first, in its own words, then the project it was listing
+    assert "credentials_file:" in text and "gone.json' does not exist" in text
+    assert f"(while listing the VMs of project '{PROJECT}')" in text
+    assert "(while listing the VMs of project 'no-such-project')" in text and "What to do" in text
     assert "api_url" in text and "could not be reached" in text
     assert (
-        "project 'locked-project' failed" in text and "HTTP 403" in text and "compute.instanceAdmin" in text
+        "(while listing the VMs of project 'locked-project')" in text and "HTTP 403" in text
+        and "compute.instanceAdmin" in text
     )
     env["ANSIBLE_INVENTORY_UNPARSED_FAILED"] = "true"
     assert run_inventory(env, unknown).returncode != 0

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ast
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -180,21 +179,7 @@ def test_no_role_plugin_or_playbook_names_the_sandbox_package_or_its_variables()
 # --- The product's wheel installs and runs without the sandbox --------------------------------------
 
 
-@pytest.fixture(scope="module")
-def product_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel of this checkout, built from a copy of its Python sources (the checkout stays clean)."""
-    src = tmp_path_factory.mktemp("src")
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for name in ("forja", "forja_sandbox", "trainer", "requirements"):
-        shutil.copytree(REPO / name, src / name, ignore=ignore)
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(REPO / name, src / name)
-    dist = tmp_path_factory.mktemp("dist")
-    proc = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                 "-w", str(dist), str(src)], _env())
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (wheel,) = dist.glob("forja-*.whl")
-    return wheel
+# product_wheel: tests/sandbox/conftest.py (one build for every test of the wheel).
 
 
 def test_the_wheel_carries_the_sandbox_inert_and_its_needs_only_in_the_extra(product_wheel: Path) -> None:

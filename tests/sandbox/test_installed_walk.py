@@ -22,6 +22,9 @@ from installed_wheel import Installed
 
 from forja_sandbox import service
 
+#: The walk's run, named so that its results and history entry are its own.
+RUN = "installed-walk"
+
 pytestmark = [pytest.mark.hosts, pytest.mark.slow]
 
 
@@ -51,24 +54,23 @@ def test_the_installed_forja_walks_the_sandbox_from_another_folder(
 
     assert instances() == [], "the test sandbox has VMs before the walk: an earlier test left them"
     try:
-        # `forja check` is added in parallel (forja/preflight.py, playbooks/check.yml): adjust this line
-        # if its name, options or exit code on the sandbox differ from "exit 0 when ready".
+        # The sandbox's project is ready for a VM: forja check finds nothing to fix (exit 0).
         step("check", timeout=300)
         with testsandbox.vms_over_the_site_env():  # the VM's install is the e2e's subject, not this one's
             made = step("--json", "up")
         assert json.loads(made.stdout)["status"] == "successful"
         step("configure", timeout=1200)
         config = installed_forja.site_packages / "trainer" / "configs" / "digits.yaml"  # the wheel's trainer
-        trained = json.loads(step("--json", "train", str(config), timeout=1200).stdout)
-        assert (trained["run_id"], trained["status"]) == ("digits", "completed"), trained
+        trained = json.loads(step("--json", "train", str(config), "--name", RUN, timeout=1200).stdout)
+        assert (trained["run_id"], trained["status"]) == (RUN, "completed"), trained
         assert Path(trained["artifact_dir"]).is_relative_to(project), trained["artifact_dir"]
         tunnel = step("tunnel", "--print", timeout=300)
         printed = tunnel.stdout + tunnel.stderr  # the plan is said on stderr, as progress is
         assert "tunnel: ssh" in printed and "http://localhost:8888/?token=" in printed, printed
         status = json.loads(step("--json", "status", timeout=300).stdout)
-        assert ("digits", "completed") in {(s["run"], s["status"]) for s in status}, status
+        assert (RUN, "completed") in {(s["run"], s["status"]) for s in status}, status
         runs = json.loads(step("--json", "runs", timeout=120).stdout)
-        assert ("digits", "completed") in {(r["run_id"], r["status"]) for r in runs}, runs
+        assert (RUN, "completed") in {(r["run_id"], r["status"]) for r in runs}, runs
     finally:
         down = subprocess.run([*forja, "down", "--delete"], cwd=project, env=env, capture_output=True,
                               text=True, timeout=900, check=False)

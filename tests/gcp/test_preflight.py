@@ -32,6 +32,7 @@ CASES = {
     "no-iap-role": {"denied_permissions": ["iap.tunnelInstances.accessViaIAP"]},
     "no-billing": {"billing_enabled": False},
     "no-storage": {"disabled_services": ["storage.googleapis.com"]},
+    "not-yours": {"viewers": ["someone@elsewhere.iam.gserviceaccount.com"]},
 }
 
 
@@ -163,6 +164,14 @@ def test_a_project_id_with_a_typo_says_it_does_not_exist_and_suggests_the_close_
     assert project["status"] == "fail"
     assert project["detail"] == "project 'quota-zer0' does not exist; did you mean 'quota-zero'?"
     assert {f["status"] for f in checked["typo"]["findings"] if f["check"] in ("billing", "api")} == {"skip"}
+
+
+def test_a_project_you_may_not_use_is_told_apart_from_a_missing_one(checked: dict) -> None:
+    project = _by(checked["not_yours"], "project")
+    assert project["status"] == "fail"
+    assert project["detail"].startswith("the service account forja-emulator@")
+    assert "may not use project 'not-yours' (HTTP 403" in project["detail"]
+    assert "grant the account a role on the project" in project["fix"]
 
 
 def test_a_zone_that_does_not_exist_is_named_with_its_neighbours(checked: dict) -> None:

@@ -557,7 +557,8 @@ class Preflight:
             program = (plan.iap_command.split() or ["gcloud"])[0]
             where = shutil.which(program, path=self.env.get("PATH"))
             if where:
-                self.add("this machine", "IAP tunnel", OK, f"{program} is {where}")
+                found = f"{program} is {where}" if where != program else f"{program} is there"
+                self.add("this machine", "IAP tunnel", OK, found)
             else:
                 self.add("this machine", "IAP tunnel", FAIL,
                          f"{program} is not on PATH: the iap SSH path runs '{plan.iap_command}'",

@@ -40,6 +40,7 @@ from forja import (
     preflight,
     training,
     vertex,
+    zones,
 )
 from forja.cost_report import CostReport
 from forja.runs import RUN_NAME, TrainResult, TrainStatus, how_to_follow
@@ -55,6 +56,7 @@ class Forja(Session):
 
     # -- the hosts' lifecycle (forja.lifecycle) and the managed watcher (forja.managed) ----------
     check = preflight.check
+    zones = zones.zones
     up = lifecycle.up
     configure = lifecycle.configure
     down = lifecycle.down

@@ -176,6 +176,47 @@ class PreflightReport(BaseModel):
         return [f for f in self.findings if f.status == "fail"]
 
 
+class ZoneRank(BaseModel):
+    """One candidate zone as gcp_gpu_zones ranked it (None: the advisor or the table said nothing)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    zone: str
+    region: str = ""
+    offered: bool | None = None
+    obtainability: float | None = None
+    estimated_uptime_s: int | None = None
+    preemption_rate_30d: float | None = None
+    usd_per_hour: float | None = None
+    list_price_usd_hour: float | None = None
+    #: Why the advisor said nothing of this zone ("" when it did).
+    no_signal: str = ""
+    #: The zone's place in the order the user gave (0: the VM's zone).
+    given: int = 0
+
+
+class ZoneReport(BaseModel):
+    """The candidate zones for the VM, in the order to try them (gcp_instance's `zones`)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    project: str
+    machine_type: str
+    provisioning_model: str
+    #: "advice" when the advisor scored a zone; otherwise why not ("no signal: ...").
+    signal: str
+    zones: list[ZoneRank] = Field(default_factory=list)
+    elapsed_s: float = 0.0
+
+    @property
+    def advised(self) -> bool:
+        return self.signal == "advice"
+
+    @property
+    def order(self) -> list[str]:
+        return [z.zone for z in self.zones]
+
+
 class HostFacts(BaseModel):
     """Everything one host published in one play (each part only when its role ran)."""
 
@@ -186,6 +227,7 @@ class HostFacts(BaseModel):
     jupyter: JupyterConnection | None = None
     instance: InstanceState | None = None
     preflight: PreflightReport | None = None
+    zones: ZoneReport | None = None
 
     @field_validator("contract_version")
     @classmethod
@@ -225,6 +267,10 @@ class Published(BaseModel):
     @property
     def preflight(self) -> PreflightReport | None:
         return next((facts.preflight for facts in self.hosts.values() if facts.preflight), None)
+
+    @property
+    def zones(self) -> ZoneReport | None:
+        return next((facts.zones for facts in self.hosts.values() if facts.zones), None)
 
 
 def read_stats(artifact_data: Mapping[str, Any]) -> Published:

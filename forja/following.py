@@ -17,6 +17,8 @@ from typing import Any
 
 from forja import contract, errors, runstate
 from forja import events as ev
+from forja import format as fmt
+from forja import notify as notifications
 from forja.history import History, summary_fields
 from forja.runner import RunResult
 from forja.runs import TrainResult, TrainStatus, checked_name, now, rank0
@@ -115,6 +117,7 @@ def _finish(
     if first.final:
         fields["ended_at"] = session.history.get(name).ended_at or now()
     session.history.update(name, **fields)
+    announce_end(session, name, first.status, hosts, fields.get("message"))
     if first.status == "diverged" and last.failed_tasks:
         failed = last.failed_tasks[0]
         raise errors.RunDiverged(failed.host, failed.task, failed.message, playbook=last.playbook)
@@ -211,13 +214,74 @@ def fetch_run(
     return RunResult(**{**result.__dict__, "artifact_dir": artifact or target})
 
 
-def stop(session: Session, name: str) -> RunResult:
-    """Stop a run's unit (it checkpoints on SIGTERM) and keep it from resuming at boot."""
+def stop(session: Session, name: str, notify: str | bool | None = None) -> RunResult:
+    """Stop a run's unit (it checkpoints on SIGTERM) and keep it from resuming at boot.
+
+    `notify` posts a "run stopped" event to the webhook (see `train`)."""
     checked_name(name)
+    notifications_for(session, notify)
     result = session.run("train_stop.yml", {"trainer_run_name": name})
     with contextlib.suppress(errors.RunNotFound):
         session.history.update(name, status="stopped", ended_at=now())
+    announce(session, "run_stopped", name, f"run {name} was stopped (forja stop); it checkpointed")
     return result
+
+
+# -- notifications (forja/notify.py): the run's events posted to a webhook ------------------------
+#: How a run's end on its host maps to the event posted.
+END_EVENTS = {"completed": "run_finished", "failed": "run_failed", "diverged": "run_failed",
+              "stopped": "run_stopped", "cancelled": "run_stopped", "preempted": "preempted"}
+
+
+def notifications_for(session: Session, notify: str | bool | None) -> None:
+    """Post this session's run events to the webhook when asked (`notify`: True reads the URL from
+    FORJA_NOTIFY_WEBHOOK or the inventory's `notify_webhook`; a string is the URL itself). Called
+    before anything is created, so a missing or non-http(s) URL stops the verb with its fix."""
+    if notify and session.notifier is None:
+        session.notifier = notifications.from_setting(notify, lambda: _inventory_webhook(session))
+
+
+def _inventory_webhook(session: Session) -> str | None:
+    """The inventory's `notify_webhook` (group_vars all, or a host's), when an inventory is named."""
+    if not session.inventory:
+        return None
+    try:
+        hosts = session.hosts("all")
+    except errors.ForjaError:
+        return None
+    found = (h.vars.get(notifications.SETTING) for h in hosts)
+    return next((v for v in found if isinstance(v, str) and v.strip()), None)
+
+
+def announce(session: Session, kind: str, run: str, text: str, *, vm: str = "", **details: Any) -> None:
+    """Post one event of `run` (its VM and cost so far from the history) when notifications are on.
+
+    Never raises: a notification never fails a run."""
+    notifier = session.notifier
+    if notifier is None:
+        return
+    try:
+        cost = None
+        with contextlib.suppress(errors.ForjaError):
+            record = session.history.get(run)
+            vm = vm or ", ".join(record.hosts)
+            cost = record.cost_usd
+        if cost is not None:
+            text = f"{text} (cost so far {fmt.money(cost)})"
+        notifier.send(notifications.Event(kind, run, text, vm=vm, cost_usd=cost, details=details))
+    except Exception:  # the run goes on whatever the notification does
+        return
+
+
+def announce_end(session: Session, name: str, status: str, hosts: Sequence[str], message: Any) -> None:
+    """Post how a run ended (finished, failed, stopped or preempted), when notifications are on."""
+    kind = END_EVENTS.get(status)
+    if kind is None:
+        return
+    said = message and kind in ("run_failed", "run_stopped")
+    why = f": {str(message).splitlines()[0][:200]}" if said else ""
+    announce(session, kind, name, f"run {name} {status} on {', '.join(hosts) or 'its host'}{why}",
+             status=status)
 
 
 class _ProgressRecorder:

@@ -40,6 +40,7 @@ from typing import Any, Literal
 
 from forja import errors, following, lifecycle, machines, runstate, training
 from forja import format as fmt
+from forja import zones as zone_advice
 from forja.contract import InstanceState
 from forja.paths import forja_home
 from forja.session import Session
@@ -343,9 +344,12 @@ class Watcher:
                 )
             while True:
                 self._account(vm)  # the outage so far counts in this decision
-                decision = decide(vm, self.run_status(vm), self.state.tally, self.budget, self.state.zones)
+                status = self.run_status(vm)
+                decision = decide(vm, status, self.state.tally, self.budget, self.state.zones)
                 if decision.action == "done":
                     self.say(f"stopped watching: {decision.reason}")
+                    following.announce_end(self.session, self.state.run, status or "stopped", [],
+                                           decision.reason)
                     return decision.reason
                 if decision.action == "give_up":
                     self._event("gave_up", reason=decision.reason)
@@ -398,8 +402,11 @@ class Watcher:
         with contextlib.suppress(errors.ForjaError):  # a run sent by site.yml may not be recorded yet
             self.session.history.record_event(self.state.run, kind, **data)
         shown = {**data, "seconds_down": fmt.duration(tally.down_s), "usd_down": fmt.money(tally.down_usd)}
-        self.say(f"{kind.replace('_', ' ')}: " + ", ".join(
-            f"{k.replace('_', ' ')} {v}" for k, v in shown.items() if v not in (None, "")))
+        line = f"{kind.replace('_', ' ')}: " + ", ".join(
+            f"{k.replace('_', ' ')} {v}" for k, v in shown.items() if v not in (None, ""))
+        self.say(line)
+        # posted in the background the moment the watcher sees it (forja/notify.py); never blocks
+        following.announce(self.session, kind, self.state.run, f"run {self.state.run}: {line}", **data)
 
     def _restart(self, vm: InstanceState, decision: Decision) -> None:
         zone = decision.zones[0]
@@ -415,6 +422,16 @@ class Watcher:
             return  # the next look decides the move
         self._event("restarted", zone=zone)
 
+    def _by_advice(self, zones: Sequence[str]) -> tuple[tuple[str, ...], dict[str, Any]]:
+        """The zones to move to, ranked by Google's capacity advice (`forja.zones`); those that ran
+        out stay last. The given order when the advice has no signal. Also what the history keeps of
+        why: the signal and the scores seen."""
+        failed = [z for z in zones if z in self.state.tally.failed_zones]
+        ranked, report = zone_advice.ranked(self.session, [z for z in zones if z not in failed])
+        why = {"zone_signal": report.signal if report else "no signal",
+               "zone_scores": zone_advice.scores(report, ranked)}
+        return tuple([*ranked, *failed]), why
+
     def _move(self, vm: InstanceState, decision: Decision) -> None:
         if not self.state.train:
             raise WatchError(
@@ -425,18 +442,19 @@ class Watcher:
         if vm.exists:
             lifecycle.down(self.session, delete=True, extravars=zone_vars([vm.zone]))
         self._set_tally(recoveries=self.state.tally.recoveries + 1)
-        try:
-            lifecycle.up(self.session, zone_vars(decision.zones))
+        zones, advice = self._by_advice(decision.zones)
+        try:  # the zones in the advice's order; the module must not reorder them again
+            lifecycle.up(self.session, {**zone_vars(zones), "gcp_instance_zone_order": "given"})
         except errors.PlaybookFailed as exc:
             if exc.code not in stockout_codes():
                 raise
-            self._set_tally(failed_zones=(*self.state.tally.failed_zones, *decision.zones))
-            self._event("stockout", zones=list(decision.zones))
+            self._set_tally(failed_zones=(*self.state.tally.failed_zones, *zones))
+            self._event("stockout", zones=list(zones))
             return
-        moved_to = self.observe().zone or decision.zones[0]
+        moved_to = self.observe().zone or zones[0]
         self.state.zones = list(zone_order([moved_to, *self.state.zones], ()))
         self.state.save()
-        self._event("zone_moved", from_zone=vm.zone, to_zone=moved_to)
+        self._event("zone_moved", from_zone=vm.zone, to_zone=moved_to, zone_order=list(zones), **advice)
         lifecycle.configure(self.session, extravars=zone_vars(self.state.zones))
         training.train(self.session, **{**self.state.train, "name": self.state.run, "wait": False})
 
@@ -482,6 +500,7 @@ def watch(
     train: Mapping[str, Any] | None = None,
     poll_s: float = POLL_S,
     say: Callable[[str], None] = print,
+    notify: str | bool | None = None,
 ) -> str:
     """Keep a run going on a Spot VM with nobody at the keyboard; returns why watching ended.
 
@@ -490,9 +509,11 @@ def watch(
     the run is sent again (`train`: how it was sent, as `Forja.train`'s keywords), resuming from
     its newest checkpoint in the bucket. `budget` (`forja.managed.RecoveryBudget`) says when to stop
     trying. One watcher per run: a second raises WatchError naming the first. Every transition
-    goes into the run's history. See forja/managed.py for the whole policy.
+    goes into the run's history. See forja/managed.py for the whole policy. `notify` posts each
+    transition to a webhook as `train`'s `notify` does.
     """
     budget = checked_request(fallback_zones, budget)
+    following.notifications_for(session, notify)
     found = lifecycle.observe(session)
     if len(found) != 1:
         raise errors.ConfigError("gcp_instance_name",
@@ -512,16 +533,19 @@ def train_managed(
     budget: RecoveryBudget | None = None,
     poll_s: float = POLL_S,
     say: Callable[[str], None] = print,
+    notify: str | bool | None = None,
     **train: Any,
 ) -> str:
     """`forja train --managed`: send a run (`train`'s keywords, never waiting), then `watch` it.
 
-    The budget and the zones are checked before anything is sent. Returns why watching ended.
+    The budget, the zones and the webhook (`notify`, as `train`'s) are checked before anything is
+    sent. Returns why watching ended.
     """
     if session.cluster is not None:
         raise errors.ConfigError("--cluster", "a managed run watches one VM; drop --managed to train on "
                                               "a cluster (its elastic torchrun outlives a lost member)")
     budget = checked_request(fallback_zones, budget)
+    following.notifications_for(session, notify)  # before anything is sent
     sent = {"config": str(config) if config else None, **train, "wait": False}
     result = training.train(session, **sent)
     say(f"run {result.run_id} started; watching it")

@@ -24,6 +24,7 @@ from typing import Any
 
 from forja import contract, errors, inventory, runstate
 from forja import events as ev
+from forja import notify as notifications
 from forja.history import History
 from forja.inventory import Cluster, InventoryHost
 from forja.runner import PlaybookRun, RunResult, Stream
@@ -115,6 +116,8 @@ class Session:
         self.follow_window_s = max(1, int(window))
         self.cluster = cluster
         self._cluster: Cluster | None = None  # read from the inventory on first use
+        #: Where the run's events are posted (`notify=` of train and watch; forja/notify.py); None: nowhere.
+        self.notifier: notifications.Notifier | None = None
         #: The cancel token of every call in flight (one per call: calls never cancel each other).
         self._inflight: set[threading.Event] = set()
         self._lock = threading.Lock()

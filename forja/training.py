@@ -104,6 +104,7 @@ def train(
     backend: str = BACKENDS[0],
     vertex: VertexOptions | None = None,
     replace: bool = False,
+    notify: str | bool | None = None,
 ) -> TrainResult:
     """Send the trainer (and the project), start the run as a systemd unit, follow it, fetch results.
 
@@ -136,11 +137,16 @@ def train(
     expires (None: -e trainer_run_wait_timeout_s, 0 or unset: no limit), or on
     KeyboardInterrupt / `cancel`. A `cancel` before the unit started cancels the play instead
     (`Cancelled`, history "cancelled").
+
+    `notify` posts the run's events (started, finished, failed, stopped) as JSON to a webhook, in
+    the background, never failing the run: True reads the URL from the environment variable
+    FORJA_NOTIFY_WEBHOOK, else the inventory variable `notify_webhook`; a string is the URL. The
+    URL is a secret: it is never logged nor taken from a command line. See forja/notify.py.
     """
     if backend != BACKENDS[0]:
         unsupported = {"script": script, "args": list(args), "project": project,
                        "excludes": list(excludes), "procs": procs, "extravars": dict(extravars or {}),
-                       "cluster": session.cluster, "replace": replace}
+                       "cluster": session.cluster, "replace": replace, "notify": notify}
         return _train_vertex(session, config, backend, vertex, unsupported, name=name, wait=wait, fetch=fetch,
                              checkpoints=checkpoints, timeout_s=timeout_s, poll_s=poll_s,
                              on_event=on_event, cancel=cancel)
@@ -159,6 +165,7 @@ def train(
     if procs is not None and (isinstance(procs, bool) or not isinstance(procs, int) or procs < 1):
         raise errors.ConfigError("procs", f"{procs!r} is not a number >= 1 (omit it: one per GPU)")
     inventory.required(session.inventory)  # no hosts named: stop before the history records a run
+    following.notifications_for(session, notify)  # a missing or non-http(s) webhook: before anything
     session.chosen_cluster()  # nor a cluster the inventory does not have
     given = {**session.extravars, **(extravars or {})}
     _refuse_several_runs(session, given)
@@ -202,6 +209,8 @@ def train(
         raise
     except BaseException as exc:
         history.update(run_id, status="failed", ended_at=now(), message=f"controller error: {exc}")
+        following.announce(session, "run_failed", run_id,
+                           f"run {run_id} failed to start: {type(exc).__name__}")
         raise
     hosts = sorted(result.stats)
     if result.status in ("canceled", "timeout"):
@@ -218,8 +227,10 @@ def train(
             replacement.put_back(session, replaced, run_id)  # the host still holds the old run as it was
         else:
             history.update(run_id, status="failed", hosts=hosts, ended_at=now(), message=why)
+            following.announce(session, "run_failed", run_id, f"run {run_id} failed to start: {why[:300]}")
         result.raise_for_status()
     history.update(run_id, hosts=hosts)
+    following.announce(session, "run_started", run_id, f"run {run_id} started on {', '.join(hosts)}")
     if not wait:
         history.record_event(run_id, "detached", reason="detach")
         return TrainResult(run_id, "running", hosts, {}, None, result, detached="detach",

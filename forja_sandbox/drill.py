@@ -133,12 +133,23 @@ def _cell(port: int, token: str, timeout_s: float = 300.0) -> str:
 
 
 def run_drill(forja: Forja, config: Path, *, run: str, host: str, fallback_zones: list[str], token_file: Path,
-              bucket: str, bucket_prefix: str, port: int = 8888, poll_s: float = 10.0) -> DrillReport:
+              bucket: str, bucket_prefix: str, port: int = 8888, poll_s: float = 10.0,
+              advised: tuple[str, str] | None = None, machine_type: str = "g2-standard-8") -> DrillReport:
     """The whole drill (see the module's docstring); raises AssertionError when a step never happens.
 
     `poll_s`: the watcher's poll, and the drill's between looks at the run's status. Each is a
     playbook; a look every 2 s kept a core busy and slowed the run being watched.
+    `advised`: (low, high), two of the fallback zones, the user's order putting `low` first. Google's
+    capacity advice (the emulator's scores) rates `low` 0.1 and `high` 0.95, so the move goes straight
+    to `high`; an insert in `low` fails loudly (a fault rule), so any attempt there fails the drill.
     """
+    if advised is not None:
+        low, high = advised
+        for zone, score, uptime in ((low, 0.1, "60s"), (high, 0.95, "3600s")):
+            service.set_advice(zone=zone, machine_type=machine_type, obtainability=score,
+                               estimated_uptime=uptime)
+        service.inject_fault(method="instances.insert", status=400, zone=low, times=None,
+                             message=f"drill: no VM may be attempted in the low-scored zone {low}")
     said: list[str] = []
     tunnel_said: list[str] = []
     cells: list[str] = []
@@ -207,4 +218,8 @@ def run_drill(forja: Forja, config: Path, *, run: str, host: str, fallback_zones
     finally:
         stop_tunnel.set()
         tunnel.join(timeout=30)
+        if advised is not None:
+            service.clear_faults()
+            service.set_advice(clear=True)
+
 

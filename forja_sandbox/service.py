@@ -185,6 +185,34 @@ def inject_fault(**rule: Any) -> None:
         resp.read()
 
 
+def _control(method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    """One call of the running service's emulator control paths (not a Google API; loopback)."""
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(f"http://127.0.0.1:{port()}{path}", method=method, data=data,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        return json.loads(resp.read() or b"{}")
+
+
+def clear_faults() -> None:
+    """Forget every fault rule of the running service's emulator."""
+    from forja_sandbox.compute_emulator.server import FAULTS_PATH
+
+    _control("DELETE", FAULTS_PATH)
+
+
+def set_advice(**keywords: Any) -> dict[str, Any]:
+    """Set what the running service's capacity advisor answers (`ComputeEmulator.set_advice`'s
+    keywords, the project by default the sandbox's), e.g. `set_advice(zone="us-east1-b",
+    machine_type="g2-standard-8", obtainability=0.1, estimated_uptime="60s")`; no keywords but
+    `clear=True` forgets every score."""
+    from forja_sandbox.compute_emulator.server import ADVICE_PATH
+
+    if keywords.pop("clear", False):
+        return dict(_control("DELETE", ADVICE_PATH))
+    return dict(_control("PUT", ADVICE_PATH, {"project": PROJECT, **keywords}))
+
+
 def boot_over(layers: dict[str, Path] | None) -> None:
     """Boot the sandbox's new VMs of an image (`dlvm`, `golden`) over a cached layer from now on
     (forja_sandbox/hostlayers.py), or, with None, over none again (the default). For tests whose VMs'

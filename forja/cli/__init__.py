@@ -14,7 +14,7 @@ Tables show numbers for people (`forja.format`: `0.008180`, `0.2¢`, `$0.71/h`, 
 
 The package in layers: forja/cli/common.py below (the global options, the error path, the printers,
 `verb`, the `Forja` factory), one module per part above it (init, hosts, train, runs, live, cost, data,
-model, vertex), each importing common and never another part, and this module on top: the root
+model, vertex, zones), each importing common and never another part, and this module on top: the root
 `app` with the global options, every part registered from the one list `PARTS`, so this stays the
 single entry point (`forja = forja.cli:app`).
 """
@@ -28,7 +28,7 @@ from typing import Annotated, Any
 
 import typer
 
-from forja.cli import cost, data, hosts, init, live, model, runs, train, vertex
+from forja.cli import cost, data, hosts, init, live, model, runs, train, vertex, zones
 from forja.cli.common import EXIT_CODES_HELP, SUMMARY_SHOWN, Options
 
 __all__ = ["EXIT_CODES_HELP", "SUMMARY_SHOWN", "app"]
@@ -110,6 +110,7 @@ PARTS: tuple[typer.Typer, ...] = (
     data.commands,
     model.commands,
     vertex.commands,
+    zones.commands,
 )
 for _part in PARTS:
     app.add_typer(_part)

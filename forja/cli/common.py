@@ -100,6 +100,15 @@ def forja_for(
 
 
 #: `--cluster`, of the verbs that act on a run (train, follow, status).
+#: `--notify`: a flag, never a URL (a secret on a command line is seen by every user of the machine
+#: in `ps` and kept in shell history); the URL comes from the environment or the inventory.
+NotifyOption = Annotated[
+    bool,
+    typer.Option("--notify", help="Post the run's events (started, finished, failed, stopped, preempted, "
+                 "restarted, moved) as JSON to the webhook in FORJA_NOTIFY_WEBHOOK, else the inventory's "
+                 "notify_webhook (a Slack or Discord incoming webhook works as it is). Never blocks the run.",
+                 ),
+]
 ClusterOption = Annotated[
     str | None,
     typer.Option("--cluster", help="A cluster of the inventory, named as its VMs are (gcp_instance_name "

@@ -18,6 +18,7 @@ from forja import format as fmt
 from forja.api import Forja
 from forja.cli.common import (
     ClusterOption,
+    NotifyOption,
     console,
     ctrl_c_sets,
     emit_json,
@@ -115,8 +116,9 @@ def fetch(
 def stop(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Run name.")],
+    notify: NotifyOption = False,
 ) -> None:
-    run_playbooks(ctx, lambda f: f.stop(name))
+    run_playbooks(ctx, lambda f: f.stop(name, notify=notify))
 
 
 @verb(Forja.runs, register=commands.command)

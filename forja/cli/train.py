@@ -19,6 +19,7 @@ from forja.api import Forja
 from forja.cli.common import (
     RUN_GOES_ON,
     ClusterOption,
+    NotifyOption,
     console,
     exit_on_error,
     follow_command,
@@ -139,6 +140,7 @@ def train(
     accelerator: VertexAccelerator = None,
     accelerator_count: VertexAcceleratorCount = None,
     replicas: VertexReplicas = VertexOptions.replica_count,
+    notify: NotifyOption = False,
 ) -> None:
     args = list(ctx.meta.get("forja_script_args", []))
     judged = _judge(ctx, config, script)
@@ -147,7 +149,7 @@ def train(
         follow_command(ctx, lambda f, interrupted: f.train(
             config, script=script, args=args, project=project, name=name, excludes=exclude or [],
             wait=not detach, checkpoints=checkpoints, timeout_s=timeout, procs=procs, cancel=interrupted,
-            backend=backend, vertex=options, replace=replace), timeout, cluster)  # fmt: skip
+            backend=backend, vertex=options, replace=replace, notify=notify), timeout, cluster)  # fmt: skip
         return
     if judged is not None:
         _show_estimate(ctx, judged, cluster)
@@ -157,7 +159,7 @@ def train(
             why = forja_for(ctx, cluster=cluster).train_managed(
                 config, fallback_zones=fallback_zone or [], budget=budget, poll_s=poll, say=_say,
                 script=str(script) if script else None, args=args, project=str(project) if project else None,
-                name=name, excludes=exclude or [], procs=procs, replace=replace)
+                name=name, excludes=exclude or [], procs=procs, replace=replace, notify=notify)
             out.print(why)
         return
     follow_command(
@@ -165,7 +167,7 @@ def train(
         lambda f, interrupted: f.train(
             config, script=script, args=args, project=project, name=name, excludes=exclude or [],
             wait=not detach, checkpoints=checkpoints, timeout_s=timeout, procs=procs, cancel=interrupted,
-            replace=replace,
+            replace=replace, notify=notify,
         ),
         timeout,
         cluster,
@@ -233,9 +235,11 @@ def watch(
     max_down: MaxDown = MAX_DOWN,
     max_down_usd: MaxDownUsd = None,
     poll: Poll = POLL_S,
+    notify: NotifyOption = False,
 ) -> None:
     budget = _budget(max_recoveries, max_down, max_down_usd)
-    why = forja_for(ctx).watch(name, fallback_zones=fallback_zone or [], budget=budget, poll_s=poll, say=_say)
+    why = forja_for(ctx).watch(name, fallback_zones=fallback_zone or [], budget=budget, poll_s=poll, say=_say,
+                               notify=notify)
     out.print(f"run {name}: {why}")
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import api_gate, catalog
+from .advice import AdviceMethods, AdviceSettings
 from .errors import ApiError, not_found
 from .guest_attributes import GuestAttributeMethods
 from .instance_methods import InstanceMethods
@@ -34,8 +35,13 @@ def compute_permission(method_id: str) -> str:
     return f"compute.{collection}.{_PERMISSION_VERBS.get(verb, verb)}"
 
 
-class ComputeApi(InstanceMethods, ResourceMethods, ResourcePolicyMethods, GuestAttributeMethods):
+class ComputeApi(
+    InstanceMethods, ResourceMethods, ResourcePolicyMethods, GuestAttributeMethods, AdviceMethods
+):
     """Every implemented Compute method, by discovery id, behind one `dispatch`."""
+
+    #: The capacity advisor's scores (the emulator's `set_advice`); one per emulator.
+    advice: AdviceSettings = AdviceSettings()
 
     @functools.cached_property
     def _handlers(self) -> dict[str, Callable[[Call], Json | bytes]]:
@@ -87,6 +93,9 @@ class ComputeApi(InstanceMethods, ResourceMethods, ResourcePolicyMethods, GuestA
             "compute.projects.get": self.projects_get,
             "compute.regions.get": self.regions_get,
             "compute.regions.list": self.regions_list,
+            "compute.advice.capacity": self.advice_capacity,
+            "compute.advice.capacityHistory": self.advice_capacity_history,
+            "compute.advice.calendarMode": self.advice_calendar_mode,
         }
 
     def implements(self, method_id: str) -> bool:

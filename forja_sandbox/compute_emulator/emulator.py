@@ -15,6 +15,7 @@ from typing import Any
 
 from ..emulator_http import LISTEN_BACKLOG, EmulatorService
 from . import catalog
+from .advice import AdviceSettings
 from .api import ComputeApi, InstanceBackend
 from .auth import write_private_file
 from .catalog import project_number
@@ -55,6 +56,8 @@ class ComputeEmulator(EmulatorService):
         self.api = ComputeApi(
             self.store, self.faults, lambda: self.base_url, backend, operation_delay_s, wait_timeout_s
         )
+        self.advice = AdviceSettings()
+        self.api.advice = self.advice
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> ComputeEmulator:
@@ -161,6 +164,22 @@ class ComputeEmulator(EmulatorService):
             settings.make_brand_new()
             self.store.settings[project] = settings
             self.store.mark_dirty()
+
+    def set_advice(
+        self,
+        project: str,
+        zone: str | None = None,
+        machine_type: str | None = None,
+        provisioning_model: str = "SPOT",
+        **scores: Any,
+    ) -> dict[str, Any]:
+        """What the capacity advisor answers (`advice.capacity`, `capacityHistory`, `calendarMode`)
+        for one zone's machine type and provisioning model: `obtainability` (0-1),
+        `estimated_uptime` ("60s", "600s", "3600s"), `preemption_rate` and `price` (USD an hour:
+        one number, or 30, one a day, oldest first); `available=False` makes the project's advice
+        calls answer 400 "The service is not available for this project.". Returns the project's
+        advice settings. `emu.advice.clear()` forgets them all."""
+        return self.advice.set(project, zone, machine_type, provisioning_model, **scores)
 
     def project_settings(self, project: str) -> dict[str, Any]:
         """The project's settings as `configure_project` takes them (quota keys as "scope/METRIC"),

@@ -35,6 +35,10 @@ FAULTS_PATH = "/emulator/v1/faults"
 #: `ComputeEmulator.configure_project`'s keywords (plus `"new": true` for `new_project` first), GET
 #: them back. It lets a drill against the sandbox service (another process) make a check fail.
 PROJECTS_PATH = "/emulator/v1/projects/"
+#: The emulator's control path for the capacity advisor's scores (not Google's): PUT
+#: `ComputeEmulator.set_advice`'s keywords as JSON (answers the project's advice settings), DELETE
+#: clears every score. It lets a drill against the sandbox service rank its zones.
+ADVICE_PATH = "/emulator/v1/advice"
 #: Google APIs other than Compute served under the same origin, each under its own prefix
 #: (`/oslogin/v1/` for `https://oslogin.googleapis.com/v1/`, ...): their PREFIX, AUDIENCE,
 #: scopes_for(http_method) and handle(store, http_method, path, query, body, principal).
@@ -130,6 +134,8 @@ class _Handler(JsonHandler):
             return self._token(body)
         if url.path == FAULTS_PATH and verb in ("POST", "DELETE"):
             return self._faults(verb, body)
+        if url.path == ADVICE_PATH and verb in ("PUT", "DELETE"):
+            return self._advice(verb, body)
         if url.path.startswith(API_PREFIX):
             return self._api(verb, url.path[len(API_PREFIX) :], url.query, body)
         if url.path.startswith(PROJECTS_PATH) and verb in ("GET", "PUT"):
@@ -159,6 +165,20 @@ class _Handler(JsonHandler):
         except (ValueError, TypeError) as exc:
             raise ApiError(400, f"Not a fault rule: {exc}", "badRequest") from None
         return 200, {"method": fault.method, "zone": fault.zone, "times": fault.times}
+
+    def _advice(self, http_method: str, raw: bytes) -> tuple[int, dict[str, Any]]:
+        """Set one zone's advice scores (the body: `set_advice`'s keywords), or clear them all."""
+        emulator = self.server.emulator
+        if http_method == "DELETE":
+            emulator.advice.clear()
+            return 200, {}
+        try:
+            keywords = parse_json(raw or b"{}")
+            if not isinstance(keywords, dict):
+                raise TypeError(f"the body must be an object of keywords, not a {type(keywords).__name__}")
+            return 200, emulator.set_advice(**keywords)
+        except (ValueError, TypeError) as exc:
+            raise ApiError(400, f"Not an advice setting: {exc}", "badRequest") from None
 
     def _project_settings(self, http_method: str, project: str, raw: bytes) -> tuple[int, dict[str, Any]]:
         """Configure one project (the body: `configure_project`'s keywords, `"new": true` to start

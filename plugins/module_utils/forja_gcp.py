@@ -355,12 +355,15 @@ class GcpClient:
         timeout_s: float | None = None,
         allow_404: bool = False,
         timeout_is_an_answer: bool = False,
+        request_id: bool = True,
     ) -> dict[str, Any] | None:
-        """One API call with retries on 429/5xx/connection errors; 404 -> None when allowed."""
+        """One API call with retries on 429/5xx/connection errors; 404 -> None when allowed.
+
+        `request_id=False` for a POST that changes nothing and takes no requestId (advice.capacity)."""
         url = self.url(path)
         cfg = self.config
         timeout = timeout_s or cfg.request_timeout_s
-        if method in ("POST", "DELETE", "PATCH", "PUT") and not path.endswith("/wait"):
+        if request_id and method in ("POST", "DELETE", "PATCH", "PUT") and not path.endswith("/wait"):
             # One requestId for all retries of this call: the API then runs the mutation at most once.
             params = dict(params or {})
             params.setdefault("requestId", str(uuid.uuid4()))

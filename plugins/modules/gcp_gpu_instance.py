@@ -17,6 +17,7 @@ from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import (
     GcpOperationError,
     config_from_params,
 )
+from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_advice import order_zones
 from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_instance import (
     STOPPED_STATES,
     InstanceSpec,
@@ -101,10 +102,25 @@ options:
     required: true
   fallback_zones:
     description:
-      - Zones tried in order when the zone is out of stock. An existing VM is also looked for there.
+      - Zones tried when the zone is out of stock (in the order O(zone_order) says). An existing VM is
+        also looked for there.
     type: list
     elements: str
     default: []
+  zone_order:
+    description:
+      - The order the fallback zones are tried in on a stock-out. O(zone) is always tried first.
+      - C(advice) asks Google's Capacity Advisor (C(advice.capacity), and C(advice.capacityHistory) for
+        Spot) and tries the fallback zones by obtainability, then estimated uptime, then the 30-day
+        Spot preemption rate; zones without a score keep the given order, after the scored ones.
+        When the advisor says nothing (HTTP 400 "The service is not available for this project.",
+        403, 5xx, unreachable) the given order is kept; that is never a failure. Needs the
+        C(compute.advice.capacity) permission (in C(roles/compute.viewer)).
+      - C(given) tries them in the order of O(fallback_zones), asking nothing.
+      - Unset means C(advice). The gcp_instance role passes C(gcp_instance_zone_order), which is
+        C(advice) unless changed.
+    type: str
+    choices: [advice, given]
   machine_type:
     description:
       - Machine type name. Required to create the VM; unset, an existing VM's type is not compared.
@@ -330,6 +346,16 @@ zones_tried:
   type: list
   elements: dict
   sample: [{zone: us-east1-d, error: ZONE_RESOURCE_POOL_EXHAUSTED}, {zone: us-east1-b, error: null}]
+zone_advice:
+  description:
+    - What the capacity advisor said of each fallback zone (O(zone_order=advice), when a VM was
+      created with two fallback zones or more), in the order given; C(no_signal) says why a zone has
+      no scores.
+  returned: when the advice was asked
+  type: list
+  elements: dict
+  sample: [{zone: us-east1-b, obtainability: 0.2, estimated_uptime_s: 60, preemption_rate_30d: 0.4,
+            list_price_usd_hour: 0.31, no_signal: ""}]
 preempted_at:
   description:
     - When Google last preempted this Spot VM (RFC 3339), if that is why it was TERMINATED and this
@@ -352,6 +378,7 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "create_if_missing": {"type": "bool", "default": False},
     "zone": {"type": "str", "required": True},
     "fallback_zones": {"type": "list", "elements": "str", "default": []},
+    "zone_order": {"type": "str", "choices": ["advice", "given"]},
     "machine_type": {"type": "str"},
     "gpu_type": {"type": "str"},
     "gpu_count": {"type": "int"},
@@ -396,6 +423,7 @@ class InstanceManager:
         self.check = call.check_mode
         self.actions: list[str] = []
         self.zones_tried: list[dict[str, Any]] = []
+        self.zone_advice: list[dict[str, Any]] = []
         self.preempted_at: str | None = None
         # Whether something was changed for good; a failed insert whose leftover we deleted is not.
         self.applied = False
@@ -458,6 +486,19 @@ class InstanceManager:
 
     # --- converging -------------------------------------------------------------------------------
 
+    def zone_order(self, spec: InstanceSpec) -> list[str]:
+        """The zone, then the fallback zones: ranked by Google's capacity advice (zone_order=advice,
+        when it answers), else in the order given. The advice reorders, it never drops a zone."""
+        zones = spec.zones
+        if (self.params["zone_order"] or "advice") != "advice" or len(zones) < 3:
+            return zones  # nothing to reorder: the zone is always tried first
+        gpu_type = spec.gpus.gpu_type if spec.gpus and spec.gpus.attach else ""
+        gpu_count = spec.gpus.gpu_count if spec.gpus and spec.gpus.attach else 0
+        ordered, advice = order_zones(self.client, self.project, zones[1:], spec.machine_type or "",
+                                      bool(spec.spot), gpu_type or "", gpu_count or 0)
+        self.zone_advice = [a.as_dict() for a in advice]
+        return [zones[0], *ordered]
+
     def create(self, spec: InstanceSpec) -> str:
         """Insert in the zone, then each fallback zone on stock-out; clean up after any failed insert."""
         for zone in spec.zones:
@@ -466,7 +507,7 @@ class InstanceManager:
             self.actions.append(f"insert in {spec.zones[0]}")
             return spec.zones[0]
         last_error: GcpOperationError | None = None
-        for zone in spec.zones:
+        for zone in self.zone_order(spec):
             self.actions.append(f"insert in {zone}")
             try:
                 self.run_op(
@@ -676,6 +717,8 @@ class InstanceManager:
             result["instance"] = facts
         if self.zones_tried:
             result["zones_tried"] = self.zones_tried
+        if self.zone_advice:
+            result["zone_advice"] = self.zone_advice
         if self.preempted_at:
             result["preempted_at"] = self.preempted_at
         header = f"instance {self.params['name']}"

@@ -362,3 +362,92 @@ def test_a_bad_config_is_logged_and_exits_2(tmp_path, capsys):
     assert agent.main(["--config", str(path)]) == 2
     record = json.loads(capsys.readouterr().out)
     assert record["decision"] == "error" and "is not JSON" in record["reasons"][0]
+
+
+# --- Notifications: the agent posts a stop to the webhook (its URL in a root-only file) -----------
+
+
+class Webhook(BaseHTTPRequestHandler):
+    answers: ClassVar[list[int]] = []
+    bodies: ClassVar[list[dict]] = []
+    requests: ClassVar[int] = 0
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        Webhook.requests += 1
+        code = Webhook.answers.pop(0) if Webhook.answers else 200
+        if code == 200:
+            Webhook.bodies.append(json.loads(body))
+        self.send_response(code)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+SECRET = "/hooks/s3cr3t-t0ken"
+
+
+@pytest.fixture
+def webhook(tmp_path):
+    server = HTTPServer(("127.0.0.1", 0), Webhook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    Webhook.answers, Webhook.bodies, Webhook.requests = [], [], 0
+    url_file = tmp_path / "notify_webhook"
+    url_file.write_text(f"http://127.0.0.1:{server.server_port}{SECRET}")
+    yield config(notify_webhook_file=str(url_file))
+    server.shutdown()
+
+
+def stop_record(**over):
+    record, _ = agent.decide(config(hourly_rate_usd=1.0, spend_cap_usd=2.0, **over), seen(), state(), BOOT,
+                             3 * 3600, NOW)
+    return {**record, "time": "2026-11-30T07:00:00+00:00"}
+
+
+def test_a_spend_cap_reached_is_posted_with_a_text_line(webhook, capsys):
+    record = stop_record()
+    assert record["decision"] == "stop"
+    agent.notify(webhook, record, ["digits-1"], sleep=lambda _s: None)
+    [body] = Webhook.bodies
+    assert body["event"] == "budget_reached" and body["run"] == "digits-1"
+    assert body["text"] == body["content"] and "spend cap" in body["text"] and "digits-1" in body["text"]
+    assert body["cost_usd"] == record["spend_usd"] and body["vm"]
+    line = json.loads(capsys.readouterr().out)
+    assert line == {"action": "notify", "event": "budget_reached", "status": 200, "tries": 1}
+
+
+def test_an_idle_stop_is_an_autostop_event():
+    record, _ = agent.decide(config(), seen(), state(idle_since=NOW - 3600), BOOT, 3 * 3600, NOW)
+    assert agent.notify_event(record, [], "vm-1")["event"] == "autostop"
+
+
+def test_a_500_is_retried_then_logged_once_without_the_url(webhook, capsys):
+    Webhook.answers = [500, 500, 500]
+    pauses: list[float] = []
+    agent.notify(webhook, stop_record(), [], sleep=pauses.append)
+    assert Webhook.requests == 3 and pauses == [1.0, 2.0]
+    out = capsys.readouterr().out
+    assert json.loads(out) == {"action": "notify", "event": "budget_reached", "status": 500, "tries": 3}
+    assert SECRET not in out
+
+
+def test_a_webhook_that_is_down_is_logged_without_the_url(tmp_path, capsys):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url_file = tmp_path / "notify_webhook"
+    url_file.write_text(f"http://127.0.0.1:{port}{SECRET}")
+    agent.notify(config(notify_webhook_file=str(url_file)), stop_record(), [], sleep=lambda _s: None)
+    out = capsys.readouterr().out
+    assert json.loads(out)["error"] and json.loads(out)["tries"] == 3 and SECRET not in out
+
+
+def test_no_webhook_file_posts_nothing_and_a_bad_url_is_said(tmp_path, capsys):
+    agent.notify(config(), stop_record(), [])
+    assert capsys.readouterr().out == ""
+    url_file = tmp_path / "notify_webhook"
+    url_file.write_text("ftp://example.com/s3cr3t")
+    agent.notify(config(notify_webhook_file=str(url_file)), stop_record(), [])
+    out = capsys.readouterr().out
+    assert "not an http(s) URL" in out and "s3cr3t" not in out

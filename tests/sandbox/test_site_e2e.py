@@ -863,8 +863,10 @@ def test_a_managed_spot_run_survives_a_preemption_and_a_stock_out_and_ends_bit_e
 ) -> None:
     """`forja train --managed` with nobody at the keyboard (forja_sandbox/drill.py): preempted once,
     the VM is started again in its zone; preempted again while that zone is out of capacity, the VM
-    is made again in the next zone and the run resumes there from the bucket. The Colab tunnel
-    keeps its port and token throughout. The result equals an uninterrupted run's, bit for bit."""
+    is made again in the fallback zone Google's capacity advice scores best (never attempted in the
+    low-scored one the user named first) and the run resumes there from the bucket; the history
+    says why. The Colab tunnel keeps its port and token throughout. The result equals an
+    uninterrupted run's, bit for bit."""
     from forja_sandbox import drill
 
     config = yaml.safe_load((ROOT / "trainer" / "configs" / "digits.yaml").read_text())
@@ -883,7 +885,7 @@ def test_a_managed_spot_run_survives_a_preemption_and_a_stock_out_and_ends_bit_e
     with testsandbox.vms_over_the_site_env():
         report = drill.run_drill(forja, path, run="managed", host=name, fallback_zones=fallback,
                                  token_file=TOKEN_FILE, bucket="forja-sandbox-checkpoints",
-                                 bucket_prefix="checkpoints")
+                                 bucket_prefix="checkpoints", advised=(fallback[0], fallback[1]))
     print("\n".join(report.said + report.tunnel_said))
     for r in report.recoveries:  # the measures bench/managed_bench.py tabulates
         print(f"recovery {r.kind}: {r.zone_before} -> {r.zone_after}, "
@@ -891,12 +893,18 @@ def test_a_managed_spot_run_survives_a_preemption_and_a_stock_out_and_ends_bit_e
     assert report.outcome == "the run completed", report
     first, second = report.recoveries
     assert (first.kind, first.zone_after) == ("restart", first.zone_before)
-    assert second.kind == "move" and second.zone_after == fallback[0] != second.zone_before
+    # straight to the zone the advice scores best, though the user named the low-scored one first
+    assert second.kind == "move" and second.zone_after == fallback[1] != second.zone_before
     kinds = [kind for kind, _ in report.events]
     assert kinds.count("preempted") == 2 and {"restarted", "stockout", "zone_moved"} <= set(kinds), kinds
     moved = next(data for kind, data in report.events if kind == "zone_moved")
     assert (moved["from_zone"], moved["to_zone"]) == (second.zone_before, second.zone_after)
     assert moved["seconds_down"] > 0
+    assert moved["zone_signal"] == "advice" and moved["zone_order"][0] == fallback[1], moved
+    scores = {score["zone"]: score["obtainability"] for score in moved["zone_scores"]}
+    assert scores[fallback[1]] > scores[fallback[0]], moved
+    print(f"advised move: resumed in {second.zone_after} {second.seconds_to_resumed:.0f} s after the "
+          "preemption (goal: 180 s)")
     # Colab: the same local URL and the same token before and after both recoveries
     assert report.cells == ["42", "42", "42"]
     summary = report.summary

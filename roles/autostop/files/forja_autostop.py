@@ -45,6 +45,10 @@ once; a boot grace period keeps every stop away right after boot.
 
 Stdlib only, Python 3.10 (Ubuntu 22.04's python3): it runs on the host with nothing installed.
 The Jupyter token is read from its file on every run and is never logged or put in a URL.
+
+Notifications: with notify_webhook_file set, a stop (idle, maximum runtime) is posted as an
+"autostop" event and a spend cap reached as "budget_reached", before acting, in the JSON forja's
+own events use (forja/notify.py). The webhook URL stays in its root-only file, never logged.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ import datetime as dt
 import json
 import os
 import shutil
+import socket
 import struct
 import subprocess
 import sys
@@ -95,6 +100,10 @@ DEFAULTS: dict[str, Any] = {
     # The guest attribute (NAMESPACE/KEY) that keeps the reason of the last stop, readable through
     # the Compute API while the VM is stopped (forja's inventory reads forja/*).
     "guest_attribute": "forja/autostop",
+    # A root-only (0600) file holding the webhook URL the agent posts its stops to (the inventory's
+    # notify_webhook, written by the role without logging it); empty: no notifications. The URL
+    # itself is never in this config, the journal or a command line: it is a secret.
+    "notify_webhook_file": "",
 }
 #: Fields the config must give: the host contract (forja.gpu.host_contract), which the role writes
 #: from the one place it is defined, so no port, path or unit name of another role is copied here.
@@ -171,6 +180,8 @@ def load_config(path: str) -> dict[str, Any]:
     url = config["metadata_url"]
     if not isinstance(url, str) or (url and not url.startswith("http://")):
         raise ConfigError(f"config {path}: 'metadata_url' is {url!r}; give an http:// URL or '' (off)")
+    if not isinstance(config["notify_webhook_file"], str):
+        raise ConfigError(f"config {path}: 'notify_webhook_file' must be a path or '' (off)")
     attribute = config["guest_attribute"]
     if not isinstance(attribute, str) or len(attribute.split("/")) != 2 or not all(attribute.split("/")):
         raise ConfigError(f"config {path}: 'guest_attribute' is {attribute!r}; give NAMESPACE/KEY")
@@ -769,6 +780,66 @@ def record_stop_reason(config: dict[str, Any], record: dict[str, Any]) -> None:
     log({"action": "record-stop-reason", "guest_attribute": config["guest_attribute"], **outcome})
 
 
+NOTIFY_TRIES = 3
+NOTIFY_TIMEOUT_S = 5.0
+
+
+def notify_event(record: dict[str, Any], runs: list[str], vm: str) -> dict[str, Any]:
+    """The webhook's JSON for a stop: the same fields as forja's own events (forja/notify.py), with
+    `text` (Slack) and `content` (Discord) holding the line a person reads."""
+    reasons = record.get("stop_reasons") or record.get("reasons") or []
+    kind = "budget_reached" if any(r.startswith("spend cap") for r in reasons) else "autostop"
+    action = record.get("action", "")
+    what = {"poweroff": "powers the VM off", "stop": "stops the training and Jupyter's kernels",
+            "warn": "warns (action warn: nothing stopped)"}.get(action, action)
+    text = f"{vm}: autostop {what}: " + "; ".join(reasons)
+    if runs:
+        text += f" (run {', '.join(runs)} checkpoints)"
+    return {
+        "event": kind, "run": ", ".join(runs), "vm": vm, "text": text, "content": text[:2000],
+        "cost_usd": record.get("spend_usd"), "time": record.get("time"),
+        "details": {"action": action, "reasons": reasons, "uptime_s": record.get("uptime_s")},
+    }
+
+
+def notify(config: dict[str, Any], record: dict[str, Any], runs: list[str],
+           sleep: Any = time.sleep) -> None:
+    """Post the stop to the webhook before acting: a few tries with backoff (1 s, 2 s), 5 s each,
+    so a dead receiver delays the stop by seconds, never stops it. One journal line says how it
+    went, never the URL."""
+    path = config["notify_webhook_file"]
+    if not path:
+        return
+    try:
+        with open(path, encoding="utf-8") as handle:
+            url = handle.read().strip()
+    except OSError as exc:
+        log({"action": "notify", "error": f"webhook file unreadable ({type(exc).__name__})"})
+        return
+    if not url.startswith(("http://", "https://")):
+        log({"action": "notify", "error": "the webhook is not an http(s) URL; set notify_webhook and "
+             "re-apply the autostop role"})
+        return
+    body = notify_event(record, runs, socket.gethostname())
+    outcome: dict[str, Any] = {}
+    for attempt in range(1, NOTIFY_TRIES + 1):
+        request = urllib.request.Request(
+            url, data=json.dumps(body).encode(), method="POST",
+            headers={"Content-Type": "application/json", "User-Agent": "forja-autostop"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=NOTIFY_TIMEOUT_S) as answer:
+                outcome = {"status": answer.status, "tries": attempt}
+                break
+        except urllib.error.HTTPError as exc:
+            outcome = {"status": exc.code, "tries": attempt}
+        except (OSError, ValueError) as exc:  # the reason only: urllib's message may quote the URL
+            outcome = {"error": type(exc).__name__, "tries": attempt}
+        if attempt < NOTIFY_TRIES:
+            sleep(2.0 ** (attempt - 1))
+    log({"action": "notify", "event": body["event"], **outcome})
+
+
 def run_once(config: dict[str, Any]) -> int:
     state_dir = config["state_dir"]
     os.makedirs(state_dir, mode=0o755, exist_ok=True)
@@ -794,6 +865,10 @@ def run_once(config: dict[str, Any]) -> int:
     log(record)
     if record["decision"] in ("stop", "warn"):
         write_json(os.path.join(state_dir, "last_stop.json"), record, 0o644)
+        if config["notify_webhook_file"]:  # said before acting: a powered-off VM posts nothing
+            pattern = config["train_unit_pattern"]
+            runs = [r for r in (unit_run(pattern, u) for u in training_units(pattern)) if r]
+            notify(config, record, runs)
     if record["decision"] == "stop" and config["action"] == "stop":
         return stop_work(config)
     if record["decision"] == "stop":

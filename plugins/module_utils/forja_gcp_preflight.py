@@ -25,7 +25,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from ansible_collections.forja.gpu.plugins.module_utils.forja_cost import PriceError, load_prices
+from ansible_collections.forja.gpu.plugins.module_utils.forja_cost import (
+    PricedVm,
+    PriceError,
+    load_prices,
+    machine_rate,
+)
 from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import (
     ENV_PROJECT,
     GcpApiError,
@@ -91,7 +96,6 @@ GPU_QUOTA_METRICS = {
 DISK_QUOTA_METRICS = {
     "pd-standard": "DISKS_TOTAL_GB", "pd-balanced": "SSD_TOTAL_GB", "pd-ssd": "SSD_TOTAL_GB",
 }
-HOURS_PER_MONTH = 730
 #: The report's order: what the next checks stand on first, the price last.
 ORDER = ("credentials", "project", "billing", "api", "permissions", "placement", "image", "quota",
          "this machine", "price")
@@ -570,10 +574,8 @@ class Preflight:
         spec = getattr(self, "gpu_spec", None)
         try:
             prices = load_prices(env=self.env)
-            known = MACHINE_TYPES.get(plan.machine_type)
-            extra = {spec.gpu_type: spec.gpu_count} if spec and spec.attach and spec.gpu_type else {}
-            key = known.key if known else plan.machine_type
-            rate = prices.instance_rate(key, plan.zone, plan.spot, extra)
+            gpus = {spec.gpu_type: spec.gpu_count} if spec and spec.gpu_type else {}
+            rate = machine_rate(PricedVm(plan.name, plan.zone, plan.machine_type, plan.spot, gpus), prices)
             disk = prices.disk_price(plan.disk_type, region_of(plan.zone))
         except (PriceError, OSError, ValueError) as exc:
             self.add("price", plan.machine_type, WARN, f"no price: {exc}")
@@ -582,8 +584,8 @@ class Preflight:
         disk_month = disk.usd_per_gb_month * plan.disk_size_gb * plan.count
         kind = "Spot" if plan.spot else "on-demand"
         self.add("price", f"{plan.count} x {plan.machine_type} {kind}", OK,
-                 f"${hourly:.2f} an hour; ${hourly * HOURS_PER_MONTH + disk_month:,.0f} a month if left "
-                 "running; "
+                 f"${hourly:.2f} an hour; ${hourly * prices.hours_per_month + disk_month:,.0f} a month "
+                 "if left running; "
                  f"${disk_month:.2f} a month for the {plan.disk_size_gb} GB disk while stopped"
                  + (" (estimated prices)" if "estimate" in rate.basis else ""))
 

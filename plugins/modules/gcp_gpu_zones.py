@@ -140,7 +140,12 @@ import time
 from typing import Any
 
 from ansible_collections.forja.gpu.plugins.module_utils.forja_call import Call, ModuleFailure, run_as_module
-from ansible_collections.forja.gpu.plugins.module_utils.forja_cost import PriceError, load_prices
+from ansible_collections.forja.gpu.plugins.module_utils.forja_cost import (
+    PricedVm,
+    PriceError,
+    load_prices,
+    machine_rate,
+)
 from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import (
     AUTH_ARGUMENT_SPEC,
     ENV_PROJECT,
@@ -155,7 +160,6 @@ from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_advice import 
     provisioning_model,
     sort_key,
 )
-from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_machines import MACHINE_TYPES
 
 SPEC: dict[str, Any] = {
     "argument_spec": {
@@ -222,16 +226,14 @@ def run(call: Call) -> dict[str, Any]:
         prices: Any = load_prices()
     except (PriceError, OSError, ValueError):
         prices = None
-    known = MACHINE_TYPES.get(machine_type)
+    gpus = {gpu_type: gpu_count} if gpu_type and gpu_count else {}
     rows = []
     for index, zone_advice in enumerate(advice):
         usd = None
         if prices is not None:
-            extra = {gpu_type: gpu_count} if gpu_type and gpu_count else {}
             try:
-                key = known.key if known else machine_type
-                rate = prices.instance_rate(key, zone_advice.zone, spot, extra)
-                usd = round(rate.usd_per_hour, 6)
+                vm = PricedVm(machine_type, zone_advice.zone, machine_type, spot, gpus)
+                usd = round(machine_rate(vm, prices).usd_per_hour, 6)
             except (PriceError, KeyError, ValueError):
                 usd = None
         row = {**zone_advice.as_dict(), "region": region_of(zone_advice.zone),

@@ -94,7 +94,9 @@ zones:
     offered:
       description: Whether the machine type is offered there (null when it could not be asked).
       type: bool
-    obtainability: {description: Likelihood of obtaining the VM, 0 to 1 (null without a signal)., type: float}
+    obtainability:
+      description: Likelihood of obtaining the VM, 0 to 1 (null without a signal).
+      type: float
     estimated_uptime_s:
       description: Estimated run time of a Spot VM in seconds (null without one).
       type: int
@@ -242,13 +244,14 @@ def run(call: Call) -> dict[str, Any]:
             row["no_signal"] = f"{machine_type} is not offered here"
         rows.append((zone_advice, row))
     rows.sort(key=lambda pair: (pair[1]["offered"] is False, sort_key(pair[0])))
-    scored = [a for a, _ in rows if a.scored]
-    reasons = sorted({a.no_signal for a, _ in rows if a.no_signal})
+    ranked = [advised for advised, _row in rows]
+    scored = [a for a in ranked if a.scored]
+    reasons = sorted({a.no_signal for a in ranked if a.no_signal})
     signal = "advice" if scored else ("no signal: " + "; ".join(reasons) if reasons else "no signal")
     return {
         "changed": False, "project": project, "machine_type": machine_type,
         "provisioning_model": provisioning_model(spot), "signal": signal,
-        "zones": [row for _, row in rows], "elapsed_s": round(time.monotonic() - started, 3),
+        "zones": [row for _advised, row in rows], "elapsed_s": round(time.monotonic() - started, 3),
     }
 
 

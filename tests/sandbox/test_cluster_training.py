@@ -187,8 +187,10 @@ def trained(cluster: Path) -> tuple[Path, dict, dict, dict]:
                 continue  # the unit is not there yet
             if step >= 250:
                 # what forja's history holds while it follows rank 0: the run, its members, its progress
+                # (written at forja's own poll, which may come a few seconds after node 0's step 250)
                 (seen,) = json.loads(_forja(cluster, "--json", "runs").stdout)
-                break
+                if seen.get("steps") or step >= STEPS // 2:
+                    break
         assert step < STEPS, "the run ended before node 1 could be lost"
         # Every process of node 1's run at once (systemctl kill cannot signal a cgroup inside nspawn).
         _on(f"{NAME}-1", "sh -c \"kill -KILL $(ps -e -o pid=,unit= | awk '$2 == \\\"forja-train@" + RUN

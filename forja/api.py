@@ -38,6 +38,7 @@ from forja import (
     live,
     managed,
     preflight,
+    prune,
     training,
     vertex,
     zones,
@@ -61,6 +62,7 @@ class Forja(Session):
     configure = lifecycle.configure
     down = lifecycle.down
     observe = lifecycle.observe
+    prune = prune.prune
     watch = managed.watch
     train_managed = managed.train_managed
 

@@ -30,6 +30,8 @@ Ansible's aggregation merges recursively (`merge_hash`) without mixing hosts::
           preemptions: ["2026-...Z"]    # every preemption the zone's operations still list
           cluster: team                 # a cluster's member: its cluster and rank ("" and 0 alone)
           rank: 1
+        prune:                          # playbooks/prune.yml (module gcp_gpu_prune): the stopped-disk prune
+          {vm: ..., action: keep, reason: ..., deleted: false, warning: ..., disk_usd_per_month: 12.0, ...}
       localhost:
         preflight:                      # gcp_instance (entry point check): the project's preflight
           project: my-project
@@ -137,6 +139,9 @@ class InstanceState(BaseModel):
     boot_disk_size_gb: int = 0
     preempted_at: str = ""
     preemptions: list[str] = Field(default_factory=list)
+    #: STANDARD, SPOT or FLEX_START; a Flex-start VM ends at `ends_at` (its max run duration).
+    provisioning_model: str = ""
+    ends_at: str = ""
     #: A cluster's member (gcp_instance_count > 1): its cluster and its rank; "" and 0 for a lone VM.
     cluster: str = ""
     rank: int = 0
@@ -206,6 +211,8 @@ class ZoneReport(BaseModel):
     #: "advice" when the advisor scored a zone; otherwise why not ("no signal: ...").
     signal: str
     zones: list[ZoneRank] = Field(default_factory=list)
+    #: For a Spot VM that even its best zone can hardly get: a line suggesting Flex-start; else "".
+    suggestion: str = ""
     elapsed_s: float = 0.0
 
     @property
@@ -215,6 +222,26 @@ class ZoneReport(BaseModel):
     @property
     def order(self) -> list[str]:
         return [z.zone for z in self.zones]
+
+
+class PruneVerdict(BaseModel):
+    """What the stopped-disk prune decided for one VM (playbooks/prune.yml, module gcp_gpu_prune)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    vm: str
+    #: delete, keep (due but in doubt: `warning` says why and the fix), wait, not-stopped, off, absent.
+    action: str
+    reason: str = ""
+    deleted: bool = False
+    warning: str = ""
+    status: str = ""
+    last_stop: str = ""
+    stopped_for_s: float | None = None
+    delete_after_s: float | None = None
+    boot_disk_size_gb: int | None = None
+    disk_usd_per_month: float | None = None
+    checked: list[str] = Field(default_factory=list)
 
 
 class HostFacts(BaseModel):
@@ -228,6 +255,7 @@ class HostFacts(BaseModel):
     instance: InstanceState | None = None
     preflight: PreflightReport | None = None
     zones: ZoneReport | None = None
+    prune: PruneVerdict | None = None
 
     @field_validator("contract_version")
     @classmethod
@@ -271,6 +299,10 @@ class Published(BaseModel):
     @property
     def zones(self) -> ZoneReport | None:
         return next((facts.zones for facts in self.hosts.values() if facts.zones), None)
+
+    @property
+    def prune(self) -> dict[str, PruneVerdict]:
+        return {host: facts.prune for host, facts in sorted(self.hosts.items()) if facts.prune}
 
 
 def read_stats(artifact_data: Mapping[str, Any]) -> Published:

@@ -40,8 +40,16 @@ class CostReport:
     #: The user's own machines in the inventory (host_contract_platform: own): no cloud price.
     own_machines: list[str] = field(default_factory=list)
 
+    @property
+    def stopped_disks(self) -> tuple[list[str], float]:
+        """The stopped VMs and what their disks still cost a month (forja.cost.spend.stopped_disks)."""
+        from forja.cost.spend import stopped_disks
+
+        return stopped_disks(self.lines)
+
     def as_dict(self) -> dict[str, Any]:
         """The JSON document of `forja --json cost`: every figure at full precision."""
+        stopped, stopped_month = self.stopped_disks
         out: dict[str, Any] = {
             "prices_date": self.prices_date,
             "now": self.now.isoformat(),
@@ -53,6 +61,7 @@ class CostReport:
             "skipped": self.skipped,
             "clusters": [c.as_dict() for c in self.clusters],
             "own_machines": self.own_machines,
+            "stopped_disks": {"instances": stopped, "usd_per_month": stopped_month},
         }
         if self.project is not None:
             out["project_budget"] = {"level": self.project.level.value, "message": self.project.message}

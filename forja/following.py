@@ -155,10 +155,20 @@ def runs(session: Session, limit: int = 50, status: str | None = None, sync: boo
     return session.history.list(limit=limit, status=status)
 
 
+#: What each line of a run's hook log (its user hooks' output: forja-train-launch) starts with in `logs`.
+HOOK_PREFIX = "hook| "
+
+
+def hook_lines(text: str) -> str:
+    """The hook log's lines as `logs` shows them after the journal, each prefixed: they read as the hook's."""
+    return "".join(f"{HOOK_PREFIX}{line}\n" for line in text.splitlines())
+
+
 def logs(session: Session, name: str, lines: int = LOG_LINES) -> dict[str, str]:
-    """The training unit's journal per host."""
+    """The training unit's journal per host, then the last lines of the run's hook log (its stop,
+    preemption and down hooks' output and how each ended), each line prefixed `hook| `."""
     pairs = session.read_states({"trainer_run_status_runs": [name], "trainer_run_journal_lines": int(lines)})
-    return {host: state.journal for host, state in pairs}
+    return {host: state.journal + hook_lines(state.hook_log) for host, state in pairs}
 
 
 def follow_logs(
@@ -168,13 +178,16 @@ def follow_logs(
     """Yield (host, new journal lines) as the run writes them, each line once, until it ends.
 
     Starts with the last `lines` lines, then reads only what follows each host's journal cursor,
-    so it stays cheap for runs of days. Ends when the rank-0 host reports a final status, or
-    when `cancel` is set (Ctrl-C in `forja logs -f`). A run no host knows raises RunNotFound.
+    so it stays cheap for runs of days. The run's hook log comes the same way, its lines prefixed
+    `hook| ` (the stop or preemption hook runs as the run ends, so its lines come last). Ends when
+    the rank-0 host reports a final status, or when `cancel` is set (Ctrl-C in `forja logs -f`).
+    A run no host knows raises RunNotFound.
     """
     checked_name(name)
     poll = session.poll(poll_s)
     stop = cancel or threading.Event()
     cursors: dict[str, str] = {}
+    hooks_seen: dict[str, int] = {}
     while not stop.is_set():
         try:
             request = {"trainer_run_status_runs": [name], "trainer_run_journal_lines": int(lines),
@@ -190,11 +203,24 @@ def follow_logs(
                 yield host, state.journal
             if state.journal_cursor:
                 cursors[host] = state.journal_cursor
+            hooked = unseen_hook_lines(state, hooks_seen.get(host))
+            if hooked:
+                yield host, hook_lines(hooked)
+            hooks_seen[host] = state.hook_log_lines
         first = rank0(known)
         if first is None or first.final:
             session.sync_history(known)
             return
         stop.wait(poll)
+
+
+def unseen_hook_lines(state: runstate.RunState, seen: int | None) -> str:
+    """The hook log's lines that `follow_logs` has not shown (all it was sent on its first look)."""
+    tail = state.hook_log.splitlines(keepends=True)
+    if seen is None or state.hook_log_lines < seen:  # the first look, or a log that started again
+        return "".join(tail)
+    new = state.hook_log_lines - seen
+    return "".join(tail[-new:]) if new > 0 else ""
 
 
 def fetch_run(

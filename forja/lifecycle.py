@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from forja import contract, preflight
+from forja import contract, deletion, preflight
+from forja import events as ev
 from forja.runner import RunResult
 from forja.session import Session
 
@@ -20,7 +21,12 @@ def up(session: Session, extravars: Mapping[str, Any] | None = None, check: bool
 
     It checks the project first (what `forja check` does) and raises CheckFailed, creating
     nothing, when something blocks: no quota, an API off, a missing permission or tool. `check=False`
-    (`forja up --no-check`) skips the check."""
+    (`forja up --no-check`) skips the check.
+
+    A Flex-start VM (gcp_instance_provisioning_model: flex_start) waits at Google for capacity, up to
+    gcp_instance_flex_start_wait: each look that finds it still waiting is a progress line. Ctrl-C
+    stops waiting and leaves the request queued; `forja up` again waits for it once more, and
+    `forja down --delete` withdraws it."""
     result = session.run("provision.yml", {**(extravars or {}), "gcp_instance_check": check}, check=False)
     preflight.raise_if_blocking(contract.read_stats(result.artifact_data).preflight)
     return result.raise_for_status()
@@ -34,8 +40,19 @@ def configure(session: Session, extravars: Mapping[str, Any] | None = None) -> l
     return [session.run(book, extravars) for book in ("gpu.yml", "jupyter.yml", "autostop.yml")]
 
 
-def down(session: Session, delete: bool = False, extravars: Mapping[str, Any] | None = None) -> RunResult:
-    """Stop (or delete) the GPU host(s): playbooks/teardown.yml."""
+def down(
+    session: Session, delete: bool = False, extravars: Mapping[str, Any] | None = None,
+    plan: deletion.DeletionPlan | None = None,
+) -> RunResult:
+    """Stop (or delete) the GPU host(s): playbooks/teardown.yml.
+
+    Before a deletion it says what goes (each VM with its boot disk and that disk's monthly cost) and
+    what stays (the buckets), as an announcement (`forja down --delete` prints it, and its --json has
+    it as `deletion_plan`); `plan` is that plan when the caller made it already (forja.deletion.plan).
+    Nothing asks to confirm, so scripts and cron run it as they are."""
+    if delete:
+        plan = plan or deletion.plan(session, extravars)
+        session.fan_out()(ev.Announcement(host="forja", text=plan.text()))
     return session.run("teardown.yml", {**(extravars or {}), "forja_teardown_delete": delete})
 
 

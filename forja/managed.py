@@ -13,6 +13,9 @@ What it does each poll (playbooks/observe.yml reads the VM; changes nothing):
   is gone (a Spot VM whose termination action is DELETE): delete what is left and create it in the
   next zone of the list, never the zone that just failed unless nothing else is left; configure it
   with the same playbooks and send the run again, which resumes from the bucket's checkpoint;
+- a Flex-start VM reached its max run duration (the run saved and mirrored its checkpoint a margin
+  before, trainer/preemption.py): one Google stopped is started again (it queues for capacity
+  anew); one Google deleted is made again, in its zone first;
 - the VM was stopped by someone (not preempted): stop watching, saying so;
 - a budget is spent (restarts, seconds down, dollars spent while down): stop trying, saying which.
 
@@ -35,10 +38,11 @@ import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
-from forja import errors, following, lifecycle, machines, runstate, training
+from forja import errors, following, lifecycle, machines, module_utils, runstate, training
 from forja import format as fmt
 from forja import zones as zone_advice
 from forja.contract import InstanceState
@@ -165,6 +169,12 @@ def decide(
         return Decision("watch", "the VM runs")
     if vm.exists and vm.status in settling():
         return Decision("watch", f"the VM is {vm.status}")
+    if vm.exists and flex_start_ended(vm):
+        spent = over_budget(tally, budget)
+        if spent:
+            return Decision("give_up", spent)
+        return Decision("restart", f"the Flex-start VM reached its max run duration at {vm.ends_at}",
+                        (vm.zone,))
     if vm.exists and not vm.preempted_at:
         return Decision(
             "done",
@@ -179,7 +189,22 @@ def decide(
             return Decision("restart", f"Google preempted the VM at {vm.preempted_at}", (vm.zone,))
         return Decision("move", f"{vm.zone} has no capacity", zone_order(zones, tally.failed_zones))
     failed = tally.failed_zones or ((zones[0],) if zones else ())
-    return Decision("move", "the VM is gone (a Spot VM deleted on preemption)", zone_order(zones, failed))
+    return Decision("move", "the VM is gone (a Spot VM deleted on preemption, or a Flex-start VM at the end "
+                    "of its run)", zone_order(zones, failed))
+
+
+def flex_start_ended(vm: InstanceState) -> bool:
+    """A Flex-start VM that Google stopped at its max run duration (its termination action STOP):
+    stopped, and its last stop no earlier than its end time."""
+    if vm.provisioning_model != "FLEX_START" or vm.running or not vm.ends_at or not vm.last_stop:
+        return False
+    return _instant(vm.last_stop) >= _instant(vm.ends_at)
+
+
+def _instant(stamp: str) -> datetime:
+    """An RFC 3339 time of the Compute API (its offsets vary) as a comparable instant."""
+    parsed = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
 
 
 @dataclass
@@ -245,15 +270,12 @@ def watch_lock(run: str) -> Iterator[None]:
 
 
 def seconds(text: str, option: str) -> float:
-    """'90', '90s', '45m', '6h' or '2d' as seconds; anything else is an error naming the option."""
-    units = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-    value, unit = (text[:-1], text[-1]) if text[-1:] in units else (text, "s")
+    """'90', '90s', '45m', '6h', '2d' or '1d12h' as seconds (plugins/module_utils/forja_durations.py,
+    the one reader of durations); anything else is an error naming the option."""
     try:
-        return float(value) * units[unit]
-    except ValueError:
-        raise errors.ConfigError(
-            option, f"{text!r} is not a duration; write e.g. 90s, 45m, 6h or 2d"
-        ) from None
+        return float(module_utils.load("forja_durations").seconds(text))
+    except ValueError as exc:
+        raise errors.ConfigError(option, str(exc)) from None
 
 
 def zone_vars(zones: Sequence[str]) -> dict[str, Any]:

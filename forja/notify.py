@@ -39,8 +39,8 @@ from forja import errors
 SETTING = "notify_webhook"
 ENV = "FORJA_NOTIFY_WEBHOOK"
 
-#: Every kind of event forja posts. `disk_deleted` is defined for the disk clean-up (issue 28)
-#: and posted by nothing yet.
+#: Every kind of event forja posts. `disk_deleted` is the stopped-disk prune's (forja/prune.py:
+#: `forja prune --notify`), with the disk's monthly cost it saves.
 KINDS = (
     "run_started", "run_finished", "run_failed", "run_stopped",
     "preempted", "restarted", "zone_moved", "stockout", "gave_up",

@@ -30,7 +30,10 @@ def check(
     APIs forja needs (Compute Engine; IAP for the iap SSH path; Cloud Storage with a bucket; Vertex
     AI when asked), the permissions, each zone's machine type, the image, the region's GPU, CPU
     and disk quota and the project's GPUS_ALL_REGIONS, this machine's SSH key and IAP command, and
-    the price. Every problem comes with its fix; nothing is created or changed. `forja up` runs the
+    the price. For a Spot VM it also asks Google's capacity advice, and warns (never blocks) when
+    even the best zone's obtainability is below 0.4, suggesting a Flex-start VM instead
+    (gcp_instance_provisioning_model: flex_start). Every problem comes with its fix; nothing is
+    created or changed. `forja up` runs the
     same check first and stops when something blocks.
     """
     result = session.run("check.yml", {**(extravars or {}), "forja_check_vertex": vertex}, check=False)

@@ -71,6 +71,10 @@ class RunState(BaseModel):
     elastic: dict[str, Any] | None = None
     journal: str = ""
     journal_cursor: str = ""
+    #: The end of the run folder's hook.log (the user's hooks' output, trainer_run_hooks) and its length in
+    #: lines; forja-train-state sends them with the journal.
+    hook_log: str = ""
+    hook_log_lines: int = 0
     schema_version: int = Field(default=SCHEMA_VERSION, alias=SCHEMA_KEY)
 
     @property

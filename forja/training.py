@@ -10,13 +10,14 @@ halves.
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from forja import errors, following, inventory, trainer_config
+from forja import errors, following, host_contract, inventory, trainer_config
 from forja import events as ev
 from forja import replace as replacement
 from forja.runs import RUN_NAME, TrainResult, config_hash, new_run_id, now
@@ -83,6 +84,57 @@ def plan_run(
     return RunPlan(extravars, config_path or path, path)
 
 
+def plan_hooks(hooks: Mapping[str, str | Path] | None, project_dir: Path | None) -> dict[str, str]:
+    """Check the user's hooks before anything is sent; return them as the role takes them
+    (trainer_run_hooks: event -> the script's path relative to the project).
+
+    A hook runs on the host from the project that is sent with the run, so each must be an
+    executable file inside it; the events are the host contract's (host_contract_hook_events).
+    """
+    if not hooks:
+        return {}
+    events = list(host_contract.value("hook_events"))
+    example = "e.g. hooks={'stop': 'hooks/push.sh'} (forja train --hook stop=hooks/push.sh)"
+    if not isinstance(hooks, Mapping):
+        raise errors.ConfigError("hooks", f"{hooks!r} must map events ({', '.join(events)}) to scripts; "
+                                 f"{example}")
+    if project_dir is None:
+        raise errors.ConfigError(
+            "hooks", "a hook is a script in your project, sent with the run; give the project folder "
+            "(--project)"
+        )
+    planned: dict[str, str] = {}
+    for event, script in hooks.items():
+        if event not in events:
+            raise errors.ConfigError(
+                "hooks", f"{event!r} is not a hook event; the events are {', '.join(events)}; {example}"
+            )
+        if not isinstance(script, str | Path) or not str(script).strip():
+            raise errors.ConfigError("hooks", f"{event}: {script!r} must be the path of a script in the "
+                                     "project")
+        given = Path(script).expanduser()
+        path = (given if given.is_absolute() else project_dir / given).resolve()
+        try:
+            relative = path.relative_to(project_dir).as_posix()
+        except ValueError:
+            raise errors.ConfigError(
+                "hooks", f"{event}={script} is not inside the project {project_dir}; put the script there "
+                "(the project is what is sent to the host) and give its path relative to the project"
+            ) from None
+        if not path.is_file():
+            raise errors.ConfigError(
+                "hooks", f"{event}={script} is not a file in the project {project_dir} (looked for {path}); "
+                "give the path of your hook script relative to the project folder"
+            )
+        if not os.access(path, os.X_OK):
+            raise errors.ConfigError(
+                "hooks", f"{event}={script} is not executable, and a hook runs as a program (with its #! "
+                f"line); make it so: chmod +x {relative} (in {project_dir})"
+            )
+        planned[event] = relative
+    return planned
+
+
 def train(
     session: Session,
     config: str | Path | None = None,
@@ -105,16 +157,22 @@ def train(
     vertex: VertexOptions | None = None,
     replace: bool = False,
     notify: str | bool | None = None,
+    hooks: Mapping[str, str | Path] | None = None,
+    hook_timeout_s: int | None = None,
 ) -> TrainResult:
     """Send the trainer (and the project), start the run as a systemd unit, follow it, fetch results.
 
-    `backend="vertex"` runs the built-in trainer on `config` as a Vertex AI custom job instead
-    (`vertex`: a `forja.vertex.VertexOptions`; default g2-standard-8 + NVIDIA_L4 x 1, one
-    replica, us-central1): the trainer and the config go as a Python package to
-    gs://BUCKET/vertex/packages/<hash>/ (once per content), the job's state changes are
-    announced, and the checkpoints, logs and model land in gs://BUCKET/vertex/runs/<run>/.
-    Ctrl-C, `wait=False` or `timeout_s` stop watching, never the job (`vertex_follow`,
-    `vertex_cancel`).
+    `backend="vertex"` runs it as a Vertex AI custom job instead (`vertex`: a
+    `forja.vertex.VertexOptions`; default g2-standard-8 + NVIDIA_L4 x 1, one replica,
+    us-central1): the built-in trainer and `config`, or your `script` with the `project` (its
+    requirements.txt, the same exclusions and key checks as for a VM), go as a Python package to
+    gs://BUCKET/vertex/packages/<hash>/ (once per content) for Vertex's PyTorch image; your script
+    runs under torchrun, `procs` per replica (default one per GPU), with the same run contract as
+    on a VM, so trainer.runlib checkpoints to and resumes from the bucket. `vertex.image` runs your
+    own container image instead (Artifact Registry or Container Registry), `args` to its entrypoint.
+    The job's state changes and its replicas' lines are announced, and the checkpoints, logs,
+    summary and model land in gs://BUCKET/vertex/runs/<run>/. Ctrl-C, `wait=False` or `timeout_s`
+    stop watching, never the job (`vertex_follow`, `vertex_cancel`).
 
     `procs` is the number of processes per host (torchrun, DDP); None lets the role choose: one
     per GPU, or trainer_run_cpu_procs on a host without one. On a cluster (`Forja(cluster=NAME)`,
@@ -142,13 +200,24 @@ def train(
     the background, never failing the run: True reads the URL from the environment variable
     FORJA_NOTIFY_WEBHOOK, else the inventory variable `notify_webhook`; a string is the URL. The
     URL is a secret: it is never logged nor taken from a command line. See forja/notify.py.
+
+    `hooks` maps events to scripts in the project (executable, paths relative to it), e.g.
+    `hooks={"stop": "hooks/push.sh", "preemption": "hooks/push.sh", "down": "hooks/sync.sh"}`. Each runs
+    on the host once, from the project folder, as the run's user, with FORJA_HOOK_EVENT and the run
+    contract (FORJA_RUN, FORJA_RUN_DIR, FORJA_CHECKPOINT_DIR, ...) in its environment: `stop` after
+    `forja stop` and `preemption` after any other SIGTERM (Spot's notice), both once the run has
+    checkpointed; `down` when `forja down` is about to stop or delete the VM while the run goes on.
+    `hook_timeout_s` (None: the role's trainer_run_hook_timeout_s, 10) bounds each; after a stop or a
+    preemption a hook gets at most what the checkpoint left of the stop grace. A hook that fails or
+    hangs never blocks the stop; its output is in `forja logs`.
     """
     if backend != BACKENDS[0]:
-        unsupported = {"script": script, "args": list(args), "project": project,
-                       "excludes": list(excludes), "procs": procs, "extravars": dict(extravars or {}),
-                       "cluster": session.cluster, "replace": replace, "notify": notify}
-        return _train_vertex(session, config, backend, vertex, unsupported, name=name, wait=wait, fetch=fetch,
-                             checkpoints=checkpoints, timeout_s=timeout_s, poll_s=poll_s,
+        unsupported = {"extravars": dict(extravars or {}), "cluster": session.cluster, "replace": replace,
+                       "notify": notify, "hooks": dict(hooks or {}), "hook_timeout_s": hook_timeout_s}
+        own = {"script": script, "args": list(args), "project": project, "excludes": list(excludes),
+               "procs": procs, "plan": plan_run}  # the VM's check of a script, handed down to forja.vertex
+        return _train_vertex(session, config, backend, vertex, unsupported, own=own, name=name, wait=wait,
+                             fetch=fetch, checkpoints=checkpoints, timeout_s=timeout_s, poll_s=poll_s,
                              on_event=on_event, cancel=cancel)
     project_dir = Path(project).expanduser().resolve() if project else (
         session.project_dir if session.send_project else None
@@ -156,6 +225,12 @@ def train(
     if project_dir is not None and not project_dir.is_dir():
         raise errors.ConfigError("project", f"{project} is not a folder")
     plan = plan_run(config, script, args, project_dir)
+    planned_hooks = plan_hooks(hooks, project_dir)
+    if hook_timeout_s is not None and (
+        isinstance(hook_timeout_s, bool) or not isinstance(hook_timeout_s, int) or hook_timeout_s < 1
+    ):
+        raise errors.ConfigError("hook_timeout_s", f"{hook_timeout_s!r} is not a number of seconds >= 1 "
+                                 "(omit it: 10)")
     run_id = name or new_run_id(plan.name_source)
     if not RUN_NAME.match(run_id):
         raise errors.ConfigError(
@@ -188,6 +263,8 @@ def train(
         "forja_history_record": False,  # this history records the run itself
         "trainer_run_refuse_completed": True,  # never the old run's results as the new one's
         **({"trainer_run_nproc_per_node": procs} if procs is not None else {}),
+        **({"trainer_run_hooks": planned_hooks} if planned_hooks else {}),
+        **({"trainer_run_hook_timeout_s": hook_timeout_s} if hook_timeout_s is not None else {}),
         **({"trainer_run_replaced_as": replaced.aside,
             "trainer_run_replaced_bucket_moved": replaced.bucket is not None} if replaced else {}),
         **(extravars or {}),

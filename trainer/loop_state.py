@@ -116,6 +116,8 @@ class LoopState:
     iterator: Iterator[Any] | None = None  # None: start (or restart) the epoch's iterator at the position
     oom_fallbacks: list[dict[str, int]] = field(default_factory=list)
     status: str = "completed"
+    #: What stopped the loop early: a signal's name, "peer", or VM_END (trainer.preemption).
+    stopped_by: str | None = None
     judge: Judge = field(default_factory=Judge)  # the loss's verdicts (trainer.divergence)
     divergence: dict[str, Any] | None = None  # set when the run diverged
     last_saved: int = -1

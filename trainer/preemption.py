@@ -5,13 +5,22 @@ collective. It only records the request; the loop checks it at the next step bou
 agree on it with one tiny all-reduce (so they stop at the same step), rank 0 saves, and the process
 exits with code 3. GCE gives a Spot VM about 30 s between the signal and the hard stop; one step
 plus one save is far less than that for the models this trainer is meant for.
+
+A Flex-start VM gets no signal worth waiting for: Google ends it at its max run duration, a time
+known in advance. forja passes that time as ``FORJA_ENDS_AT`` (the VM's `ends_at`, through the
+trainer_run role's run environment), and the loop stops there ``FORJA_ENDS_MARGIN_S`` early, the
+same way as for a signal: save, mirror, exit 3 (preempted), to be resumed on the next VM.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
+import os
 import signal
 import time
+from collections.abc import Mapping
+from datetime import datetime, timezone
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
@@ -21,10 +30,74 @@ from typing import Any
 # stop counted as a preemption, and `preemptions` then said the VM was taken away when it never was.
 from trainer.run_folder import STOP_REQUESTED
 
+#: When the VM ends (RFC 3339, or Unix seconds): a Flex-start VM's end of run.
+ENDS_AT_ENV = "FORJA_ENDS_AT"
+#: How many seconds before that end the run saves, mirrors and stops.
+ENDS_MARGIN_ENV = "FORJA_ENDS_MARGIN_S"
+#: Ten minutes: a save plus a mirror of a checkpoint of a few GB, with room to spare.
+DEFAULT_ENDS_MARGIN_S = 600.0
+#: The stop's name in the `preempt` event when the VM's end, not a signal, stopped the run.
+VM_END = "VM_END"
+
+
+class VmEnd:
+    """The moment the run must have stopped by: the VM's end less the margin (None: no end).
+
+    An end already past when the run starts is stale, not a reason to stop at once: a VM that Google
+    stopped at its end and that was started again boots with the run environment of its last period
+    (its new end is not known there). It is ignored (`stale` says so), and the run checkpoints as
+    usual; a run sent again (the watcher's move, `forja train`) gets the new end.
+    """
+
+    def __init__(self, stop_at: float | None, stale: str = "") -> None:
+        self.stop_at = stop_at
+        self.stale = stale
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, now: float | None = None) -> VmEnd:
+        """Read FORJA_ENDS_AT and FORJA_ENDS_MARGIN_S; an unreadable value is an error naming it."""
+        env = os.environ if environ is None else environ
+        text = (env.get(ENDS_AT_ENV) or "").strip()
+        if not text:
+            return cls(None)
+        margin_text = (env.get(ENDS_MARGIN_ENV) or "").strip()
+        try:
+            margin = float(margin_text) if margin_text else DEFAULT_ENDS_MARGIN_S
+        except ValueError:
+            margin = math.nan
+        if not margin >= 0:  # also NaN
+            raise ValueError(f"{ENDS_MARGIN_ENV}: '{margin_text}' is not a number of seconds >= 0")
+        ends = instant(text)
+        if ends <= (time.time() if now is None else now):
+            return cls(None, stale=f"{ENDS_AT_ENV}={text} is past: the VM's end of a period before this one")
+        return cls(ends - margin)
+
+    def due(self, now: float | None = None) -> bool:
+        return self.stop_at is not None and (time.time() if now is None else now) >= self.stop_at
+
+
+def instant(text: str) -> float:
+    """Unix seconds of an RFC 3339 time (Google's, with an offset) or of a number of seconds."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"{ENDS_AT_ENV}: '{text}' is neither an RFC 3339 time nor Unix seconds") from None
+    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)).timestamp()
+
 
 def stopped_by(run_dir: Path) -> dict[str, Any]:
-    """The preempt event's extra field when the stop was the user's (``requested_by``), else none."""
-    return {"requested_by": "forja stop"} if (run_dir / STOP_REQUESTED).exists() else {}
+    """The preempt event's extra field when the stop was the user's (``requested_by``), else none:
+    what the request says, "forja stop" (roles/trainer_run/tasks/stop.yml) or "forja down" (the VM's
+    shutdown that forja down asked for: tasks/down.yml)."""
+    try:
+        said = (run_dir / STOP_REQUESTED).read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return {}
+    return {"requested_by": said if said in ("forja stop", "forja down") else "forja stop"}
 
 
 def forget_stop_request(run_dir: Path) -> None:
@@ -46,6 +119,12 @@ class StopRequest:
     @property
     def requested(self) -> bool:
         return self.signal_name is not None
+
+    def request(self, name: str) -> None:
+        """A stop that is not a signal (the VM's end is near): the loop treats it as one."""
+        if self.signal_name is None:
+            self.signal_name = name
+            self.received_at = time.monotonic()
 
     def _handle(self, signum: int, _frame: FrameType | None) -> None:
         if self.signal_name is None:

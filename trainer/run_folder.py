@@ -20,6 +20,7 @@ The run folder is the trainer's ``out_dir`` (``FORJA_RUN_DIR`` for a script thro
     .forja-exits            LAUNCHER_EXITS     forja-train-launch: each worker's exit code, this session
     elastic.json            ELASTIC            forja-train-launch: this node's torchrun round
     COMPLETED               COMPLETED_MARKER   forja-train-launch: the run ended with exit 0
+    hook.log                HOOK_LOG           forja-train-launch: the user's hooks' output and how each ended
 
 and, in the run's prefix of a checkpoint bucket (``gs://BUCKET/PREFIX/<run>/``, trainer.mirror) and
 so in a Vertex AI run fetched from it, ``checkpoints/``, ``model/`` and ``logs/`` (LOGS_DIR: the
@@ -87,6 +88,9 @@ LAUNCHER_LOCK = ".lock"
 LAUNCHER_EXITS = ".forja-exits"
 ELASTIC = "elastic.json"
 COMPLETED_MARKER = "COMPLETED"
+#: forja-train-launch: the output of the run's stop, preemption and down hooks, each framed by a line
+#: saying when it started and how it ended (`forja logs` shows it; forja-train-state reads it).
+HOOK_LOG = "hook.log"
 
 # -- the run's prefix in a checkpoint bucket (trainer.mirror) ----------------------------------------
 #: Where the mirror uploads LOGS and SUMMARY, beside CHECKPOINTS_DIR (and MODEL_DIR, trainer.export).

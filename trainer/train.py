@@ -57,7 +57,7 @@ from trainer.loop_state import Feed, LoopState, Net, Parts, Saved, Start
 from trainer.mirror import PREEMPTED_UPLOAD_WAIT_S, CheckpointMirror, MirrorUnavailable, bucket_url
 from trainer.optim import Schedule, build_optimizer
 from trainer.precision import make_amp
-from trainer.preemption import StopRequest, forget_stop_request, stopped_by
+from trainer.preemption import VM_END, StopRequest, VmEnd, forget_stop_request, stopped_by
 from trainer.report import history, record_failure
 from trainer.run_folder import CHECKPOINTS_DIR, CONFIG, EVENTS, METRICS, OOM_RECORD, write_atomic
 from trainer.runtime import Runtime, compile_cache_dir, prepare
@@ -377,6 +377,9 @@ def _train(
     metrics.cpu_utilisation()
     net.model.train()
     s.start_loop()
+    vm_end = VmEnd.from_env()  # a Flex-start VM's end: stop (save, mirror) a margin before it
+    if vm_end.stale and p.main:
+        print(f"ignoring {vm_end.stale}", flush=True)
     with StopRequest() as stop_request:
         while s.step < total_steps:
             loss: torch.Tensor | float | None = None
@@ -396,6 +399,8 @@ def _train(
             epoch_end = advance(p, s)
             if p.live is not None:
                 p.live.progress(s.step)
+            if vm_end.due():
+                stop_request.request(VM_END)
             stop, timer_due, epoch_due = agree_on_stop_and_saves(p, s, stop_request, epoch_end)
             last_step = s.step == total_steps
             if s.step % config.log_every_steps == 0 or stop or last_step:
@@ -957,6 +962,7 @@ def save_checkpoint(p: Parts, s: LoopState, reason: str) -> None:
 def record_stop(p: Parts, s: LoopState, stop_request: StopRequest) -> None:
     """Stopped by a signal (here or on a peer) after the save: the run is 'preempted', to be resumed."""
     s.status = "preempted"
+    s.stopped_by = stop_request.signal_name or "peer"
     received = stop_request.received_at
     event(p, s, "preempt", signal=stop_request.signal_name or "peer", saved_step=s.last_saved,
           seconds_to_save=time.monotonic() - received if received else None,
@@ -1003,12 +1009,13 @@ def export_model(p: Parts, s: LoopState) -> None:
 def finish_uploads(p: Parts, s: LoopState) -> None:
     """Wait (bounded) for the last checkpoint's upload, and say in events.jsonl what reached the bucket.
 
-    A preempted run waits less: its VM is about to go (trainer.mirror.PREEMPTED_UPLOAD_WAIT_S).
+    A preempted run waits less: its VM is about to go (trainer.mirror.PREEMPTED_UPLOAD_WAIT_S). One
+    stopped ahead of its VM's known end (VM_END) has its margin for the upload, and waits in full.
     Under DDP the peers wait for rank 0 in a collective meanwhile: at most half their timeout.
     """
     assert p.mirror is not None
     wait_s = p.config.checkpoint_upload_wait_s
-    if s.status != "completed":
+    if s.status != "completed" and s.stopped_by != VM_END:
         wait_s = min(wait_s, PREEMPTED_UPLOAD_WAIT_S)
     if p.rt.world.distributed:
         wait_s = min(wait_s, p.config.ddp_timeout_s / 2)

@@ -110,6 +110,11 @@ def cost(
             out.print(f"[bold]{named.get(line.name, line.name)}[/]: {chk.message}")
     if report.project is not None:
         out.print(f"project: {report.project.message}")
+    stopped, stopped_month = report.stopped_disks
+    if stopped:
+        out.print(f"stopped, disk still billed: {fmt.money(stopped_month)}/month ({', '.join(stopped)}); "
+                  "autostop_delete_after with `forja prune` deletes a VM stopped that long once its "
+                  "checkpoints are in the bucket, `forja down --delete` does it now")
     if report.skipped:
         out.print(f"not priced (no machine_type/zone in hostvars): {', '.join(report.skipped)}")
     if report.own_machines:

@@ -17,6 +17,7 @@ from forja.cli.common import (
     forja_for,
     global_options,
     out,
+    result_table,
     run_playbooks,
     show_progress,
     verb,
@@ -70,7 +71,9 @@ def check(
         raise typer.Exit(int(errors.ExitCode.CHECK_FAILED))
 
 
-@verb(Forja.up, register=commands.command)
+@verb(Forja.up, register=commands.command,
+      on_interrupt="stopped waiting; what was made stays, and a queued Flex-start request stays queued at "
+                   "Google: forja up again goes on (and waits for it), forja down --delete withdraws it")
 def up(
     ctx: typer.Context,
     no_check: Annotated[bool, typer.Option(
@@ -88,7 +91,67 @@ def configure(ctx: typer.Context) -> None:
 @verb(Forja.down, register=commands.command)
 def down(
     ctx: typer.Context,
-    delete: Annotated[bool, typer.Option("--delete", help="Delete the VM instead of stopping it.")] = False,
+    delete: Annotated[bool, typer.Option(
+        "--delete", help="Delete the VM and its boot disk instead of stopping it; what goes and what stays "
+        "(the buckets) is said first.")] = False,
 ) -> None:
-    run_playbooks(ctx, lambda f: f.down(delete=delete))
+    if not delete:
+        run_playbooks(ctx, lambda f: f.down(delete=False))
+        return
+    from forja import deletion
+    from forja import format as fmt
 
+    o = global_options(ctx)
+    with show_progress(not o.json) as on_event:
+        forja = forja_for(ctx, on_event)
+        plan = deletion.plan(forja)  # said by down itself (an announcement), before the play runs
+        result = forja.down(delete=True, plan=plan)
+    if o.json:
+        emit_json({**fmt.plain(result, drop=("events",)), "deletion_plan": plan.as_dict()})
+    else:
+        out.print(result_table(result))
+
+
+#: What each prune decision reads as in the table (a dry run's "delete" is "would delete").
+_PRUNE_WORDS = {"delete": "[bold red]deleted[/]", "keep": "[yellow]kept (in doubt)[/]", "wait": "waits",
+                "not-stopped": "[dim]not stopped[/]", "off": "[dim]off[/]", "absent": "[dim]gone[/]"}
+
+
+@verb(
+    Forja.prune,
+    register=commands.command,
+    epilog="Examples:\n\n  forja prune --dry-run\n\n  forja -i inventory/gcp_gpu.yml prune --notify\n\n"
+           "Automatic, every hour (crontab -e):\n\n  17 * * * *  cd ~/forja && .venv/bin/forja -i "
+           "inventory/gcp_gpu.yml prune --notify >> ~/.cache/forja/prune.log 2>&1",
+)
+def prune(
+    ctx: typer.Context,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Say what would be deleted and why (or why not); delete nothing.")] = False,
+    notify: Annotated[bool, typer.Option(
+        "--notify", help="Post a disk_deleted event for each VM deleted, as JSON, to the webhook in "
+        "FORJA_NOTIFY_WEBHOOK, else the inventory's notify_webhook.")] = False,
+) -> None:
+    from forja import format as fmt
+
+    o = global_options(ctx)
+    with show_progress(not o.json) as on_event:
+        report = forja_for(ctx, on_event).prune(dry_run=dry_run, notify=notify)
+    if o.json:
+        emit_json(report.as_dict())
+        return
+    title = "forja prune --dry-run: nothing is deleted" if dry_run else "forja prune"
+    table = Table(title=title)
+    for column in ("VM", "status", "stopped for", "disk / month", "decision", "why"):
+        table.add_column(column, overflow="fold")
+    for v in report.verdicts.values():
+        would = v.action == "delete" and not v.deleted
+        word = "[bold]would delete[/]" if would else _PRUNE_WORDS.get(v.action, v.action)
+        stopped = fmt.duration(v.stopped_for_s) if v.stopped_for_s is not None else ""
+        table.add_row(v.vm, v.status, stopped, fmt.money(v.disk_usd_per_month), word, v.reason)
+    out.print(table if report.verdicts else "No GPU VM in the inventory (group forja_gpu): nothing to prune.")
+    for v in report.kept:
+        out.print(f"[yellow]warning:[/] {v.warning}")
+    if report.deleted:
+        saved = fmt.money(report.saved_usd_per_month)
+        out.print(f"Deleted {len(report.deleted)} VM(s): {saved}/month of disk no longer billed.")

@@ -28,7 +28,7 @@ from forja.cli.common import (
     out,
     verb,
 )
-from forja.errors import ForjaError
+from forja.errors import ConfigError, ForjaError
 from forja.managed import MAX_DOWN, MAX_RECOVERIES, POLL_S, RecoveryBudget, seconds
 from forja.training import BACKENDS
 from forja.vertex_job import DEFAULT_REGION, VertexOptions
@@ -67,8 +67,11 @@ MaxDownUsd = Annotated[
     float | None, typer.Option("--max-down-usd", help="Most dollars spent while down (the disk bills).")
 ]
 Poll = Annotated[float, typer.Option("--poll", help="Seconds between looks at the VM.")]
-Backend = Annotated[str, typer.Option("--backend", help="vm: the inventory's VM; vertex: a Vertex AI "
-                                      "custom job (the built-in trainer on CONFIG; `forja vertex --help`).")]
+Backend = Annotated[str, typer.Option("--backend", help=(
+    "vm: the inventory's VM; vertex: a Vertex AI custom job: the built-in trainer on CONFIG, or your "
+    "--script with --project (torchrun, --procs per replica: one per GPU), or your --image; e.g. "
+    "forja train --script train.py --backend vertex --bucket gs://B --machine-type g2-standard-24 "
+    "--accelerator-count 2 -- --lr 3e-4 (`forja vertex --help`)."))]
 VertexBucket = Annotated[str | None, typer.Option(
     "--bucket", help="vertex: gs://BUCKET for the package and the results (default: the inventory's "
     "gcp_bucket_name).")]
@@ -80,6 +83,10 @@ VertexAccelerator = Annotated[str | None, typer.Option("--accelerator", help="ve
 VertexAcceleratorCount = Annotated[int | None, typer.Option("--accelerator-count", help="vertex: GPUs per "
                                                             "replica (default: the machine type's).")]
 VertexReplicas = Annotated[int, typer.Option("--replicas", help="vertex: machines in all (DDP across them).")]
+VertexImage = Annotated[str | None, typer.Option(
+    "--image", help="vertex: run your own container image (Artifact Registry or Container Registry, e.g. "
+    "us-central1-docker.pkg.dev/PROJECT/REPO/IMAGE:TAG) with the run contract in its environment; the "
+    "arguments after -- go to its entrypoint. forja builds no images.")]
 
 
 @verb(Forja.train, register=commands.command, cls=_ScriptArgsCommand, on_interrupt=RUN_GOES_ON,
@@ -119,8 +126,8 @@ def train(
     ] = None,
     procs: Annotated[
         int | None,
-        typer.Option("--procs", help="Processes per host (DDP under torchrun). Default: one per GPU, "
-                     "or trainer_run_cpu_procs on a host without a GPU."),
+        typer.Option("--procs", help="Processes per host (DDP under torchrun; with --backend vertex, per "
+                     "replica). Default: one per GPU, or trainer_run_cpu_procs on a host without a GPU."),
     ] = None,
     checkpoints: Annotated[bool, typer.Option("--checkpoints", help="Also fetch checkpoints.")] = False,
     cluster: ClusterOption = None,
@@ -140,16 +147,33 @@ def train(
     accelerator: VertexAccelerator = None,
     accelerator_count: VertexAcceleratorCount = None,
     replicas: VertexReplicas = VertexOptions.replica_count,
+    image: VertexImage = None,
     notify: NotifyOption = False,
+    hook: Annotated[
+        list[str] | None,
+        typer.Option("--hook", help="EVENT=SCRIPT: run an executable script of the project on the host when "
+                     "the run is stopped (stop: forja stop), preempted (preemption) or its VM taken down "
+                     "(down: forja down), after the checkpoint; repeat it per event, e.g. "
+                     "--hook stop=hooks/push.sh --hook preemption=hooks/push.sh. Its output: forja logs.")
+    ] = None,
+    hook_timeout: Annotated[
+        int | None, typer.Option("--hook-timeout", help="Seconds a hook may run before it is killed (default "
+                                 "10; after a stop, at most what the checkpoint left of the stop grace).")
+    ] = None,
 ) -> None:
     args = list(ctx.meta.get("forja_script_args", []))
+    hooks = _hooks(hook or [])
     judged = _judge(ctx, config, script)
+    if image and backend == BACKENDS[0]:
+        raise ConfigError("--image", f"{image} would run on Vertex AI only: add --backend vertex")
     if backend != BACKENDS[0]:  # the same follow and printing, the job's own options
-        options = _vertex_options(bucket, region, machine_type, accelerator, accelerator_count, replicas)
+        options = _vertex_options(bucket, region, machine_type, accelerator, accelerator_count, replicas,
+                                  image)
         follow_command(ctx, lambda f, interrupted: f.train(
             config, script=script, args=args, project=project, name=name, excludes=exclude or [],
             wait=not detach, checkpoints=checkpoints, timeout_s=timeout, procs=procs, cancel=interrupted,
-            backend=backend, vertex=options, replace=replace, notify=notify), timeout, cluster)  # fmt: skip
+            backend=backend, vertex=options, replace=replace, notify=notify, hooks=hooks,
+            hook_timeout_s=hook_timeout), timeout, cluster)  # fmt: skip
         return
     if judged is not None:
         _show_estimate(ctx, judged, cluster)
@@ -159,7 +183,8 @@ def train(
             why = forja_for(ctx, cluster=cluster).train_managed(
                 config, fallback_zones=fallback_zone or [], budget=budget, poll_s=poll, say=_say,
                 script=str(script) if script else None, args=args, project=str(project) if project else None,
-                name=name, excludes=exclude or [], procs=procs, replace=replace, notify=notify)
+                name=name, excludes=exclude or [], procs=procs, replace=replace, notify=notify, hooks=hooks,
+                hook_timeout_s=hook_timeout)
             out.print(why)
         return
     follow_command(
@@ -167,11 +192,25 @@ def train(
         lambda f, interrupted: f.train(
             config, script=script, args=args, project=project, name=name, excludes=exclude or [],
             wait=not detach, checkpoints=checkpoints, timeout_s=timeout, procs=procs, cancel=interrupted,
-            replace=replace, notify=notify,
+            replace=replace, notify=notify, hooks=hooks, hook_timeout_s=hook_timeout,
         ),
         timeout,
         cluster,
     )
+
+
+def _hooks(given: list[str]) -> dict[str, str]:
+    """`--hook EVENT=SCRIPT` (repeated) as the API's `hooks`; the API checks the events and the scripts."""
+    hooks: dict[str, str] = {}
+    for item in given:
+        event, sep, script = item.partition("=")
+        if not sep or not event.strip() or not script.strip():
+            raise ConfigError("--hook", f"{item!r} must be EVENT=SCRIPT, e.g. --hook stop=hooks/push.sh")
+        if event.strip() in hooks:
+            raise ConfigError("--hook", f"{event.strip()} is given twice ({hooks[event.strip()]}, {script}); "
+                              "give one script per event")
+        hooks[event.strip()] = script.strip()
+    return hooks
 
 
 def _judge(ctx: typer.Context, config: Path | None, script: Path | None) -> Path | None:
@@ -194,11 +233,12 @@ def _vertex_options(
     accelerator: str | None,
     accelerator_count: int | None,
     replicas: int,
+    image: str | None = None,
 ) -> VertexOptions:
     """`forja train --backend vertex`'s options as the API's VertexOptions (None: its default)."""
     return VertexOptions(bucket=bucket, region=region or DEFAULT_REGION, machine_type=machine_type,
                          accelerator_type=accelerator, accelerator_count=accelerator_count,
-                         replica_count=replicas)  # fmt: skip
+                         replica_count=replicas, image=image)  # fmt: skip
 
 
 def _show_estimate(ctx: typer.Context, config: Path, cluster: str | None = None) -> None:

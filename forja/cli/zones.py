@@ -70,3 +70,5 @@ def zones(
         emit_json(report.model_dump())
     else:
         out.print(zones_table(report))
+        if report.suggestion:
+            out.print(f"[yellow]{report.suggestion}[/]")

@@ -99,6 +99,8 @@ class Instance:
     disks: tuple[Disk, ...] = ()
     accelerators: Mapping[str, int] = dataclasses.field(default_factory=dict)
     history: tuple[Interval, ...] | None = None
+    #: STANDARD, SPOT or FLEX_START: Flex-start has its own rate (module_utils/forja_cost.py).
+    provisioning_model: str = ""
 
     @property
     def running(self) -> bool:
@@ -157,6 +159,7 @@ class Instance:
             machine_type=priced.machine_type,
             status=str(pick("status") or "UNKNOWN"),
             spot=priced.spot,
+            provisioning_model=priced.provisioning_model,
             last_start=stamp("last_start_timestamp", "lastStartTimestamp"),
             last_stop=stamp("last_stop_timestamp", "lastStopTimestamp"),
             created=stamp("creation_timestamp", "creationTimestamp"),
@@ -198,6 +201,17 @@ def disk_month_usd(instances: Iterable[Instance], prices: PriceTable) -> float:
     """USD a month for the instances' disks (billed per GB-month, running or not)."""
     return sum(prices.disk_price(d.type, region_of(vm.zone)).usd_per_gb_month * d.size_gb
                for vm in instances for d in vm.disks)
+
+
+#: Compute Engine's states of a VM that bills no compute but keeps its disks (and bills them).
+STOPPED_STATES = frozenset({"TERMINATED", "SUSPENDED"})
+
+
+def stopped_disks(lines: Iterable[CostLine]) -> tuple[list[str], float]:
+    """The stopped VMs whose disks are priced, and what those disks cost a month: the bill people forget
+    (autostop_delete_after and `forja prune` delete such a VM once its checkpoints are in the bucket)."""
+    stopped = [line for line in lines if line.status.upper() in STOPPED_STATES and line.disk_usd_per_month]
+    return [line.name for line in stopped], round(sum(line.disk_usd_per_month or 0.0 for line in stopped), 4)
 
 
 def cost_of(instance: Instance, prices: PriceTable, now: datetime) -> CostLine:

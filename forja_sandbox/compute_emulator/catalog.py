@@ -110,6 +110,16 @@ ACCELERATOR_TYPES: dict[str, AcceleratorType] = {
 }  # fmt: skip
 
 
+#: The families Google accepts as Flex-start VMs, stated here from Google's page, not read from
+#: forja's own rule, so the emulator can catch forja asking wrongly: "all accelerator-optimized
+#: machine types (except A4X and G4) and H4D machine types"
+#: (cloud.google.com/compute/docs/instances/about-flex-start-vms).
+FLEX_START_FAMILIES = ("a2", "a3", "a4", "g2", "h4d")
+#: At most 7 days of run (the same page) and, for the request's wait, "up to two hours" (Google's
+#: blog post announcing Flex-start VMs, 2025-09-25).
+FLEX_START_MAX_RUN_S = 7 * 24 * 3600
+FLEX_START_MAX_WAIT_S = 2 * 3600
+
 #: The CPU platform the emulator reports per family (Google's defaults for these families).
 CPU_PLATFORMS: dict[str, str] = {
     "e2": "AMD Rome",

@@ -119,6 +119,7 @@ class ComputeEmulator(EmulatorService):
         quotas: Mapping[Any, float | None] | None = None,
         denied_permissions: Iterable[str] | None = None,
         viewers: Iterable[str] | str | None = None,
+        flex_start_wait_s: float | None = None,
     ) -> None:
         """Make a preflight question answer differently; a keyword left None keeps its setting.
 
@@ -132,7 +133,9 @@ class ComputeEmulator(EmulatorService):
           region) or `"global"`: `{("us-east1", "NVIDIA_L4_GPUS"): 0, ("global", "GPUS_ALL_REGIONS"):
           0}`; merged into the project's overrides, a limit of None drops one;
         - `denied_permissions`: the permissions no caller holds on the project (replaces the set);
-        - `viewers`: the client emails that may see the project at all, or `"*"` (every key).
+        - `viewers`: the client emails that may see the project at all, or `"*"` (every key);
+        - `flex_start_wait_s`: how long a Flex-start insert waits PENDING for capacity (0: none);
+          longer than the request's `params.requestValidForDuration`, the request fails.
 
         Raises ValueError/TypeError (and changes nothing) for a value Google could not hold.
         """
@@ -147,6 +150,7 @@ class ComputeEmulator(EmulatorService):
                 billing_enabled=billing_enabled, billing_account=billing_account,
                 disabled_services=disabled_services, quotas=quotas,
                 denied_permissions=denied_permissions, viewers=viewers,
+                flex_start_wait_s=flex_start_wait_s,
             )  # fmt: skip
             self.store.set_exists(project, exists)
             settings.exists = exists

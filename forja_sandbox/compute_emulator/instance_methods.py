@@ -9,15 +9,26 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import datetime
 import functools
 import json
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import catalog, quotas
 from .errors import ApiError, already_exists, not_found, required_field
 from .filters import compile_filter
-from .instances import build_instance, check_labels, check_metadata, check_tags, fingerprint, now
+from .instances import (
+    build_instance,
+    check_labels,
+    check_metadata,
+    check_tags,
+    fingerprint,
+    now,
+    request_valid_for_s,
+)
 from .listing import ordered, page_bounds
 from .operations import ApiBase, Call, InstanceBackend, OperationFailed
 from .schema import methods
@@ -78,6 +89,51 @@ class InstanceMethods(ApiBase):
         self._sleep()
         self._assign_ips(record, address)
         self._set_status(record, "RUNNING", lastStartTimestamp=now())
+        self._schedule_end(record)
+
+    def _schedule_end(self, record: InstanceRecord) -> None:
+        """A VM with a max run duration (every Flex-start VM) ends then: Google performs its
+        termination action, STOP or DELETE, and says when in resourceStatus.scheduling."""
+        scheduling = record.data.get("scheduling") or {}
+        seconds = int((scheduling.get("maxRunDuration") or {}).get("seconds") or 0)
+        if seconds <= 0:
+            return
+        started = record.data.get("lastStartTimestamp")
+        ends = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=seconds)
+        with self.store.lock:
+            status = record.data.setdefault("resourceStatus", {})
+            ends_text = ends.isoformat(timespec="milliseconds")
+            status.setdefault("scheduling", {})["terminationTimestamp"] = ends_text
+            self.store.touch(record)
+
+        def end() -> None:
+            with record.op_lock:
+                current = self.store.instance(record.project, record.zone, record.name)
+                if current is not record or record.data.get("lastStartTimestamp") != started:
+                    return  # deleted, or stopped and started again since: that start has its own end
+                if record.data.get("status") != "RUNNING":
+                    return
+                self._end_of_run(record)
+
+        timer = threading.Timer(seconds, end)
+        timer.daemon = True
+        timer.start()
+
+    def _end_of_run(self, record: InstanceRecord) -> None:
+        """The max run duration is over: STOP (TERMINATED, the disk kept) or DELETE, as asked."""
+        action = (record.data.get("scheduling") or {}).get("instanceTerminationAction") or "STOP"
+        self._set_status(record, "STOPPING")
+        if action == "DELETE":
+            if self.backend is not None:
+                self.backend.delete(self._snapshot(record))
+            self.store.remove_instance(record)
+            with self.store.changed:
+                self.store.changed.notify_all()
+            return
+        if self.backend is not None:
+            self.backend.stop(self._snapshot(record))
+        self._release_public_ips(record)
+        self._set_status(record, "TERMINATED", lastStopTimestamp=now())
 
     def _snapshot(self, record: InstanceRecord) -> Json:
         with self.store.lock:
@@ -213,8 +269,39 @@ class InstanceMethods(ApiBase):
                 raise OperationFailed("QUOTA_EXCEEDED", over_quota, 403)
             self._boot(call, record, create, undo=lambda: self.store.remove_instance(record))
 
+        if instance["status"] == "PENDING":  # Flex-start: queued for capacity, deletable meanwhile
+            wait_s = self.store.settings_for(call.project).flex_start_wait_s
+            valid_s = request_valid_for_s(body)
+
+            def queued() -> None:
+                if not self._wait_for_capacity(record, min(wait_s, valid_s)):
+                    return  # deleted while it waited: the request is withdrawn
+                if wait_s > valid_s:
+                    self.store.remove_instance(record)
+                    raise OperationFailed(
+                        "ZONE_RESOURCE_POOL_EXHAUSTED",
+                        f"The zone 'projects/{call.project}/zones/{call.zone}' did not have enough "
+                        f"resources for the Flex-start request within its {valid_s} s "
+                        "(requestValidForDuration). Try again later, or in a different zone.",
+                        503,
+                    )
+                with record.op_lock:
+                    self._set_status(record, "PROVISIONING")
+                    work()
+
+            return self._launch(call, op, self._then_sync_firewalls(call.project, queued))
         # The instance's address changes: rules whose sources are tags follow it.
         return self._launch(call, op, self._then_sync_firewalls(call.project, work), record)
+
+    def _wait_for_capacity(self, record: InstanceRecord, seconds: float) -> bool:
+        """Hold a Flex-start request PENDING for `seconds` (the project's `flex_start_wait_s`);
+        False when the instance was deleted meanwhile."""
+        deadline = time.monotonic() + seconds
+        gone = lambda: self.store.instance(record.project, record.zone, record.name) is not record  # noqa: E731
+        while time.monotonic() < deadline:
+            if self.store.wait_for(gone, max(0.0, deadline - time.monotonic())):
+                return False
+        return not gone()
 
     def instances_delete(self, call: Call) -> Json:
         record = self._record(call)
@@ -229,8 +316,9 @@ class InstanceMethods(ApiBase):
         def work() -> None:
             self._require_present(call, record)
             self._raise_injected(call)
+            queued = record.data["status"] == "PENDING"  # a Flex-start request: no host was made yet
             self._set_status(record, "STOPPING")
-            if self.backend is not None:
+            if self.backend is not None and not queued:
                 self.backend.delete(self._snapshot(record))
             self._sleep()
             self.store.remove_instance(record)

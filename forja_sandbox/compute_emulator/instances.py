@@ -114,7 +114,10 @@ def build_instance(body: dict[str, Any], project: str, zone: str, base: str) -> 
     zone_url = f"{base}projects/{project}/zones/{zone}"
     machine = _machine_type(body, project, zone)
     accelerators = _accelerators(body, project, zone, machine)
-    scheduling = _scheduling(body.get("scheduling") or {}, bool(accelerators))
+    scheduling = _scheduling(body.get("scheduling") or {}, bool(accelerators), machine)
+    flex = scheduling["provisioningModel"] == "FLEX_START"
+    if flex:
+        _flex_start_request(body)
     check_labels("resource.labels", body.get("labels"))
     metadata_items = check_metadata("resource.metadata", body.get("metadata") or {})
     tags = (body.get("tags") or {}).get("items") or []
@@ -131,7 +134,8 @@ def build_instance(body: dict[str, Any], project: str, zone: str, base: str) -> 
             if tags
             else {"fingerprint": EMPTY_FINGERPRINT},
             "machineType": f"{zone_url}/machineTypes/{machine.name}",
-            "status": "PROVISIONING",
+            # A Flex-start request waits for capacity as PENDING (the discovery document's status enum).
+            "status": "PENDING" if flex else "PROVISIONING",
             "zone": zone_url,
             "canIpForward": bool(body.get("canIpForward", False)),
             "networkInterfaces": _network_interfaces(body, project, zone, base),
@@ -161,8 +165,48 @@ def build_instance(body: dict[str, Any], project: str, zone: str, base: str) -> 
         ]
     else:
         instance.pop("guestAccelerators", None)
+    if flex:
+        instance["reservationAffinity"] = {"consumeReservationType": "NO_RESERVATION"}
+    instance.pop("params", None)  # input only: Google does not return the request's parameters
     instance["fingerprint"] = fingerprint([name, instance["creationTimestamp"]])
-    return {"kind": instance.pop("kind"), **instance}  # `kind` first, as Google orders it
+    return {"kind": instance.pop("kind"), **instance}
+
+
+def duration_seconds(field: str, duration: Any) -> int:
+    """A Duration's whole seconds (`{"seconds": "3600"}`; int64 travels as a string), checked."""
+    if not isinstance(duration, dict):
+        raise invalid_field(field, duration, "Expected a Duration such as {\"seconds\": \"3600\"}.")
+    try:
+        seconds = int(duration.get("seconds") or 0)
+    except (TypeError, ValueError):
+        raise invalid_field(f"{field}.seconds", duration.get("seconds"), "Expected an integer.") from None
+    if seconds <= 0 and not duration.get("nanos"):
+        raise invalid_field(field, duration, "The duration must be positive.")
+    return seconds
+
+
+def _flex_start_request(body: dict[str, Any]) -> None:
+    """What a Flex-start insert must say beyond its scheduling: no reservation, a bounded wait."""
+    affinity = (body.get("reservationAffinity") or {}).get("consumeReservationType")
+    if affinity not in (None, "NO_RESERVATION"):
+        raise invalid_field(
+            "resource.reservationAffinity.consumeReservationType", affinity,
+            "Flex-start instances cannot consume reservations; use NO_RESERVATION.",
+        )  # fmt: skip
+    wait = (body.get("params") or {}).get("requestValidForDuration")
+    if wait is not None:
+        seconds = duration_seconds("resource.params.requestValidForDuration", wait)
+        if seconds > catalog.FLEX_START_MAX_WAIT_S:
+            raise invalid_field(
+                "resource.params.requestValidForDuration", wait,
+                f"A Flex-start request can wait at most {catalog.FLEX_START_MAX_WAIT_S} seconds.",
+            )  # fmt: skip
+
+
+def request_valid_for_s(body: dict[str, Any]) -> int:
+    """How long a Flex-start request waits for capacity: its own bound, else the longest allowed."""
+    wait = (body.get("params") or {}).get("requestValidForDuration") or {}
+    return int(wait.get("seconds") or catalog.FLEX_START_MAX_WAIT_S)  # `kind` first, as Google orders it
 
 
 def _machine_type(body: dict[str, Any], project: str, zone: str) -> catalog.MachineType:
@@ -229,9 +273,47 @@ def _accelerators(
     return requested
 
 
-def _scheduling(requested: dict[str, Any], has_gpu: bool) -> dict[str, Any]:
+def _flex_start_scheduling(requested: dict[str, Any], machine: catalog.MachineType) -> dict[str, Any]:
+    """FLEX_START: a qualifying series, a max run of at most 7 days, TERMINATE, no automatic restart,
+    and a termination action (STOP or DELETE) to perform at the end of the run."""
+    field = "resource.scheduling"
+    if machine.family not in catalog.FLEX_START_FAMILIES:
+        raise invalid_field(
+            f"{field}.provisioningModel", "FLEX_START",
+            f"Machine type '{machine.name}' is not supported with the FLEX_START provisioning model.",
+        )  # fmt: skip
+    if requested.get("preemptible"):
+        raise invalid_field(f"{field}.preemptible", True, "Flex-start instances cannot be preemptible.")
+    if not requested.get("maxRunDuration"):
+        raise required_field(f"{field}.maxRunDuration")
+    seconds = duration_seconds(f"{field}.maxRunDuration", requested["maxRunDuration"])
+    if seconds > catalog.FLEX_START_MAX_RUN_S:
+        raise invalid_field(
+            f"{field}.maxRunDuration", requested["maxRunDuration"],
+            f"Flex-start instances can run at most {catalog.FLEX_START_MAX_RUN_S} seconds (7 days).",
+        )  # fmt: skip
+    action = requested.get("instanceTerminationAction")
+    if action in (None, "INSTANCE_TERMINATION_ACTION_UNSPECIFIED"):
+        raise required_field(f"{field}.instanceTerminationAction")
+    maintenance = requested.get("onHostMaintenance") or "TERMINATE"
+    if maintenance != "TERMINATE":
+        raise invalid_field(
+            f"{field}.onHostMaintenance", maintenance, "Flex-start instances must use TERMINATE."
+        )
+    if requested.get("automaticRestart"):
+        raise invalid_field(
+            f"{field}.automaticRestart", True, "Flex-start instances cannot be automatically restarted."
+        )
+    return {**requested, "onHostMaintenance": "TERMINATE", "automaticRestart": False, "preemptible": False}
+
+
+def _scheduling(requested: dict[str, Any], has_gpu: bool, machine: catalog.MachineType) -> dict[str, Any]:
     field = "resource.scheduling"
     model = requested.get("provisioningModel") or "STANDARD"
+    if model == "FLEX_START":
+        return _flex_start_scheduling(requested, machine)
+    if model == "RESERVATION_BOUND":
+        raise invalid_field(f"{field}.provisioningModel", model, "The emulator serves no reservations.")
     preemptible = bool(requested.get("preemptible", False))
     spot = model == "SPOT"
     if preemptible and not spot and requested.get("provisioningModel"):

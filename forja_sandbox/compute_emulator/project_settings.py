@@ -46,6 +46,9 @@ class ProjectSettings:
     denied_permissions: frozenset[str] = frozenset()
     #: Client emails that may see the project (`EVERYONE`: every key).
     viewers: frozenset[str] | str = EVERYONE
+    #: How long a Flex-start request waits PENDING before Google "finds" its capacity; past the
+    #: request's requestValidForDuration, the request fails (ZONE_RESOURCE_POOL_EXHAUSTED).
+    flex_start_wait_s: float = 0.0
 
     def can_see(self, email: str) -> bool:
         return self.exists and (self.viewers == EVERYONE or email in self.viewers)
@@ -67,6 +70,7 @@ class ProjectSettings:
             "quotas": {f"{scope}/{metric}": limit for (scope, metric), limit in sorted(self.quotas.items())},
             "denied_permissions": sorted(self.denied_permissions),
             "viewers": self.viewers if isinstance(self.viewers, str) else sorted(self.viewers),
+            "flex_start_wait_s": self.flex_start_wait_s,
         }
 
     @classmethod
@@ -86,6 +90,7 @@ class ProjectSettings:
         quotas: Mapping[Any, float | None] | None = None,
         denied_permissions: Iterable[str] | None = None,
         viewers: Iterable[str] | str | None = None,
+        flex_start_wait_s: float | None = None,
     ) -> None:
         """Change what is given (None: keep). `quotas` merges (a limit of None drops an override);
         the sets replace. Raises ValueError/TypeError for a value Google could not hold."""
@@ -119,6 +124,12 @@ class ProjectSettings:
             self.denied_permissions = _names("denied_permissions", denied_permissions)
         if viewers is not None:
             self.viewers = EVERYONE if viewers == EVERYONE else _names("viewers", viewers)
+        if flex_start_wait_s is not None:
+            if isinstance(flex_start_wait_s, bool) or not isinstance(flex_start_wait_s, int | float) or not (
+                0 <= flex_start_wait_s <= 7200 + 600
+            ):
+                raise ValueError(f"flex_start_wait_s: seconds from 0 to 7800, not {flex_start_wait_s!r}")
+            self.flex_start_wait_s = float(flex_start_wait_s)
 
     def make_brand_new(self) -> None:
         """As a project just created in the console looks: no GPU quota (GPUS_ALL_REGIONS and the L4

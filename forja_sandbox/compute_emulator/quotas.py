@@ -116,7 +116,9 @@ def charges(instance: Json, zone: str, settings: ProjectSettings, types: list[st
     region = catalog.ZONES[zone]
     taken: Counter[QuotaKey] = Counter({(region, "INSTANCES"): 1})
     scheduling = instance.get("scheduling") or {}
-    spot = scheduling.get("provisioningModel") == "SPOT" or bool(scheduling.get("preemptible"))
+    # Flex-start VMs "consume preemptible quota" (Google's blog post announcing them, 2025-09-25).
+    model = scheduling.get("provisioningModel")
+    spot = model in ("SPOT", "FLEX_START") or bool(scheduling.get("preemptible"))
 
     def metric(standard: str | None, preemptible: str | None) -> str | None:
         if spot and preemptible and limit(settings, region, preemptible) > 0:

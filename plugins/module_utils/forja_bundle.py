@@ -14,7 +14,10 @@ import os
 import tarfile
 import tempfile
 
-from ansible_collections.forja.gpu.plugins.module_utils.forja_files import is_excluded, walk
+try:  # in Ansible by FQCN; forja's controller loads the sibling by path (forja/module_utils.py)
+    from ansible_collections.forja.gpu.plugins.module_utils.forja_files import is_excluded, walk
+except ImportError:
+    from forja_files import is_excluded, walk  # type: ignore[no-redef]
 
 MANIFEST = ".forja-bundle"
 
@@ -25,6 +28,7 @@ ARGUMENT_SPEC: dict[str, dict] = {
     "detect_secrets": {"type": "bool", "default": True},
     "dest": {"type": "path", "required": True},
     "required": {"type": "list", "elements": "str", "default": []},
+    "required_executable": {"type": "list", "elements": "str", "default": []},
     "verify_only": {"type": "bool", "default": False},
 }
 
@@ -54,13 +58,20 @@ def missing_required(
     secrets: list[str],
     sources: list[dict],
     patterns: list[str],
+    executable: list[str],
 ) -> list[str]:
-    """Why each required archive path is not packed (empty when all are), naming what left it out."""
-    packed = {name for name, _, _ in files}
+    """Why each required archive path is not packed (empty when all are), naming what left it out;
+    and why each of `executable` (also required) would not run: a hook without its x bit."""
+    packed = {name: runs for name, _, runs in files}
     problems = []
-    for want in required:
-        want = want.strip("/")
+    runnable = {e.strip("/") for e in executable}
+    for want in dict.fromkeys(w.strip("/") for w in [*required, *executable]):
         if want in packed:
+            if want in runnable and not packed[want]:
+                src = next((s for s in sources if want.startswith(s["prefix"].strip("/") + "/")), None)
+                rel = want[len(src["prefix"].strip("/")) + 1 :] if src else want
+                problems.append(f"{want}: {rel} is not executable; make it so (chmod +x {rel}, in "
+                                f"{src['path'] if src else 'its folder'})")
             continue
         src = next((s for s in sources if want.startswith(s["prefix"].strip("/") + "/")), None)
         where = os.path.join(src["path"], want[len(src["prefix"].strip("/")) + 1 :]) if src else want
@@ -130,7 +141,8 @@ def bundle(params: dict, check_mode: bool) -> dict:
         if not os.path.isdir(os.path.expanduser(src["path"])):
             raise BundleError(f"sources[{i}].path: {src['path']!r} is not a folder on the controller")
     files, excluded, secrets = collect(sources, params["excludes"], params["detect_secrets"])
-    problems = missing_required(params["required"], files, secrets, sources, params["excludes"])
+    problems = missing_required(params["required"], files, secrets, sources, params["excludes"],
+                                params["required_executable"])
     if problems:
         raise BundleError("the bundle would lack what the run needs: " + "; ".join(problems))
     summary = {"excluded": len(excluded), "excluded_sample": excluded[:20], "secrets_excluded": secrets,

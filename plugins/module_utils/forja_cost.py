@@ -37,9 +37,12 @@ from pathlib import Path
 from typing import Any
 
 try:  # Ansible: a sibling in the collection
-    from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_machines import MACHINE_TYPES
+    from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_machines import (
+        FLEX_START_DISCOUNT_SERIES,
+        MACHINE_TYPES,
+    )
 except ImportError:  # forja's Python loads this file by path (forja/module_utils.py), and the sibling first
-    from forja_gcp_machines import MACHINE_TYPES  # type: ignore[no-redef]
+    from forja_gcp_machines import FLEX_START_DISCOUNT_SERIES, MACHINE_TYPES  # type: ignore[no-redef]
 
 #: forja's price table: dated, every figure with its basis, keyed by the catalog's price keys.
 DEFAULT_TABLE = Path(__file__).with_name("forja_gcp_prices.json")
@@ -109,7 +112,7 @@ def _check_numbers(table: Mapping[str, Any], origin: str) -> None:
                     )
                 if not isinstance(prices, Mapping):
                     continue
-                for field in ("on_demand", "spot", "per_gb_month"):
+                for field in ("on_demand", "spot", "flex_start", "per_gb_month"):
                     if field not in prices:
                         continue
                     value = prices[field]
@@ -186,10 +189,29 @@ class PriceTable:
             )
         return float(prices[field]), str(prices.get("basis", "unknown"))
 
-    def machine_rate(self, machine_type: str, region: str, spot: bool = False) -> Rate:
+    def machine_rate(
+        self, machine_type: str, region: str, spot: bool = False, flex_start: bool = False
+    ) -> Rate:
+        if flex_start:
+            return self.flex_start_rate(machine_type, region)
         field = "spot" if spot else "on_demand"
         usd, basis = self._entry("machine_types", machine_type, region, field)
         return Rate(usd, basis, f"{machine_type} {field} in {region}")
+
+    def flex_start_rate(self, machine_type: str, region: str) -> Rate:
+        """A Flex-start VM's rate: the entry's own `flex_start` figure when the table has one; else the
+        on-demand rate, which is what G2 is billed (no DWS discount for it) and an upper bound for the
+        series that get one (A2, A3, A4, H4D), said so in the basis until a sourced figure is added."""
+        prices = ((self.data.get("machine_types") or {}).get(machine_type) or {}).get(region)
+        what = f"{machine_type} flex_start in {region}"
+        if isinstance(prices, Mapping) and "flex_start" in prices:
+            return Rate(float(prices["flex_start"]), str(prices.get("basis", "unknown")), what)
+        usd, basis = self._entry("machine_types", machine_type, region, "on_demand")
+        if machine_type.split("-", 1)[0] in FLEX_START_DISCOUNT_SERIES:
+            where = f"machine_types.{machine_type}.{region}.flex_start"
+            return Rate(usd, "estimate", f"{what} at on-demand, an upper bound (Google discounts this "
+                        f"series' Flex-start VMs; {OVERRIDE_HINT} under {where})")
+        return Rate(usd, basis, f"{what} at on-demand (no DWS discount for this series)")
 
     def accelerator_rate(self, accelerator: str, region: str, spot: bool = False) -> Rate:
         field = "spot" if spot else "on_demand"
@@ -206,10 +228,11 @@ class PriceTable:
         zone: str,
         spot: bool = False,
         accelerators: Mapping[str, int] | None = None,
+        flex_start: bool = False,
     ) -> Rate:
-        """The VM's hourly rate: its machine type plus any GPUs attached to it (N1 + T4)."""
+        """The VM's hourly rate: its machine type plus any GPUs attached to it (N1 + T4; never Flex-start)."""
         region = region_of(zone)
-        machine = self.machine_rate(machine_type, region, spot)
+        machine = self.machine_rate(machine_type, region, spot, flex_start)
         usd, bases = machine.usd_per_hour, [machine.basis]
         what = [machine.what]
         for name, count in (accelerators or {}).items():
@@ -259,13 +282,15 @@ def _picker(data: Mapping[str, Any]) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class PricedVm:
-    """What a VM's hourly rate depends on: its machine type, zone, Spot or not, and attached GPUs."""
+    """What a VM's hourly rate depends on: its machine type, zone, provisioning model and attached GPUs."""
 
     name: str
     zone: str
     machine_type: str
     spot: bool = False
     accelerators: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    #: STANDARD, SPOT or FLEX_START ("" reads as `spot` says).
+    provisioning_model: str = ""
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> PricedVm:
@@ -289,7 +314,7 @@ class PricedVm:
             accelerators[kind] = accelerators.get(kind, 0) + count
         if not accelerators and pick("gpu_type") and pick("gpu_count"):  # forja's gcp_gpu hostvars
             accelerators[short(pick("gpu_type"))] = int(pick("gpu_count"))
-        return cls(str(name), zone, machine_type, spot, accelerators)
+        return cls(str(name), zone, machine_type, spot, accelerators, str(model).upper())
 
 
 def machine_rate(vm: Any, prices: PriceTable) -> Rate:
@@ -303,4 +328,5 @@ def machine_rate(vm: Any, prices: PriceTable) -> Rate:
     known = MACHINE_TYPES.get(vm.machine_type)
     key = known.key if known is not None else vm.machine_type
     extra = {} if known is not None and known.gpu_count else dict(vm.accelerators)
-    return prices.instance_rate(key, vm.zone, vm.spot, extra)
+    flex_start = str(getattr(vm, "provisioning_model", "") or "").upper() == "FLEX_START"
+    return prices.instance_rate(key, vm.zone, vm.spot, extra, flex_start)

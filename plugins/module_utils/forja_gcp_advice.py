@@ -32,6 +32,11 @@ from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import (
 #: `estimatedUptime` as seconds (Google answers one of these three).
 UPTIME_S = {"60s": 60, "600s": 600, "3600s": 3600}
 ORDERS = ("advice", "given")
+#: Below this best Spot obtainability in the VM's regions, `forja zones` and `forja check` suggest
+#: Flex-start: a third-party guide to the advisor reads 0-0.4 as "try another zone, type or model"
+#: (the research note peers-3.md, section 4.1). The gcp_gpu_zones module's `flex_start_below` option
+#: and the preflight's setting of the same name default to it.
+FLEX_START_BELOW = 0.4
 
 
 @dataclass
@@ -59,8 +64,28 @@ class ZoneAdvice:
         return data
 
 
-def provisioning_model(spot: bool) -> str:
+def provisioning_model(spot: bool | str) -> str:
+    """The API's model: SPOT or STANDARD for a bool, the model itself (FLEX_START, ...) for a string."""
+    if isinstance(spot, str):
+        return spot.upper()
     return "SPOT" if spot else "STANDARD"
+
+
+def flex_start_suggestion(
+    advice: list[ZoneAdvice], machine_type: str, threshold: float = FLEX_START_BELOW
+) -> str:
+    """A line suggesting Flex-start when even the best Spot zone scores below `threshold`; "" when a
+    zone scores at least that, or none has a score (no signal is no reason to change models)."""
+    scores = [a.obtainability for a in advice if a.obtainability is not None]
+    if not scores or max(scores) >= threshold:
+        return ""
+    best = max(scores)
+    return (
+        f"Spot obtainability for {machine_type} is at most {best:.2f} in these zones "
+        f"(below {threshold:.2f}): "
+        "consider a Flex-start VM, which waits in Google's queue for capacity, then runs up to 7 days "
+        "without preemption (gcp_instance_provisioning_model: flex_start, gcp_instance_max_run_duration: 3d)"
+    )
 
 
 def _why(exc: GcpError) -> str:
@@ -90,7 +115,7 @@ def _money(price: Any) -> float | None:
 
 
 def capacity(
-    client: GcpClient, project: str, region: str, zones: list[str], machine_type: str, spot: bool,
+    client: GcpClient, project: str, region: str, zones: list[str], machine_type: str, spot: bool | str,
     gpu_type: str = "", gpu_count: int = 0,
 ) -> dict[str, dict[str, Any]]:
     """advice.capacity for the zones of one region: {zone: scores}; GcpError when it has no answer."""
@@ -131,7 +156,7 @@ def history(client: GcpClient, project: str, zone: str, machine_type: str) -> di
 
 
 def advise(
-    client: GcpClient, project: str, zones: list[str], machine_type: str, spot: bool,
+    client: GcpClient, project: str, zones: list[str], machine_type: str, spot: bool | str,
     gpu_type: str = "", gpu_count: int = 0, workers: int = 8,
 ) -> list[ZoneAdvice]:
     """What the advisor says of each zone, in the order given; never raises for a missing signal."""
@@ -176,7 +201,7 @@ def advise(
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         list(pool.map(ask_region, list(regions)))
-        if spot:
+        if provisioning_model(spot) == "SPOT":
             list(pool.map(ask_history, [z for z in zones if advice[z].scored]))
     return [advice[zone] for zone in zones]
 
@@ -199,7 +224,7 @@ def rank(advice: list[ZoneAdvice]) -> list[ZoneAdvice]:
 
 
 def order_zones(
-    client: GcpClient, project: str, zones: list[str], machine_type: str, spot: bool,
+    client: GcpClient, project: str, zones: list[str], machine_type: str, spot: bool | str,
     gpu_type: str = "", gpu_count: int = 0,
 ) -> tuple[list[str], list[ZoneAdvice]]:
     """The zones ranked by the advice, and what it said; the given order when it said nothing."""

@@ -18,10 +18,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from ansible_collections.forja.gpu.plugins.module_utils.forja_durations import seconds as duration_seconds
 from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import GcpClient, short_name
 from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_machines import (
+    FLEX_START_SERIES,
     GpuSpec,
     gpus_of_machine_type,
+    qualifies_for_flex_start,
 )
 
 NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -34,6 +37,19 @@ IP_PREFERENCES = ("public_ip", "private_ip")
 DISK_TYPES = ("pd-balanced", "pd-ssd", "pd-standard", "pd-extreme", "hyperdisk-balanced")
 DISK_INTERFACES = ("NVME", "SCSI")
 TERMINATION_ACTIONS = ("STOP", "DELETE")
+#: The provisioning models forja offers, as the user writes them, and as the API spells them.
+PROVISIONING_MODELS = {"standard": "STANDARD", "spot": "SPOT", "flex_start": "FLEX_START"}
+#: A Flex-start VM runs at most 7 days (cloud.google.com/compute/docs/instances/about-flex-start-vms).
+FLEX_START_MAX_RUN_S = 7 * 24 * 3600
+#: How long a Flex-start request may wait in Google's queue: "up to two hours" (Google's GA blog post,
+#: "Introducing Flex-start VMs", 2025-09-25; the field is `params.requestValidForDuration`).
+FLEX_START_MAX_WAIT_S = 2 * 3600
+#: What a Flex-start VM does at its end when nothing is said: DELETE (its checkpoint is in the bucket
+#: by then; a stopped Flex-start VM would keep billing its disk and queue again to start).
+FLEX_START_DEFAULT_ACTION = "DELETE"
+#: The status of a Flex-start VM whose request waits for capacity (the discovery document's words:
+#: "For Flex Start provisioning instance is waiting for available capacity from DWS").
+PENDING_STATUS = "PENDING"
 MANAGED_LABEL = ("forja", "managed")
 # The labels that make VMs one cluster (the gcp_instance role sets them when gcp_instance_count > 1;
 # the inventory groups by them): the cluster's name, each VM's rank, and how many VMs it has.
@@ -49,6 +65,38 @@ CLUSTER_PORTS = (str(RENDEZVOUS_PORT), "32768-60999")
 
 class SpecError(ValueError):
     """Bad input: the message names the field and the fix."""
+
+
+def duration_s(value: Any, field_name: str) -> int:
+    """Whole seconds from "3d", "12h", "1d12h", "90m", "600s" or a number of seconds (forja_durations);
+    SpecError otherwise."""
+    try:
+        return int(duration_seconds(value, field_name))
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+
+
+def provisioning_model_of(params: dict[str, Any]) -> str | None:
+    """The API's provisioning model the parameters ask for; None when neither option is set.
+
+    `provisioning_model` wins; unset, it derives from `spot` (true: SPOT, false: STANDARD), so a
+    playbook written for `spot` keeps working. Both set and disagreeing is an error.
+    """
+    model = params.get("provisioning_model") or None
+    spot = params.get("spot")
+    if model is None:
+        return None if spot is None else ("SPOT" if spot else "STANDARD")
+    if model not in PROVISIONING_MODELS:
+        raise SpecError(
+            f"provisioning_model: '{model}' must be one of {', '.join(PROVISIONING_MODELS)}"
+        )
+    wanted = PROVISIONING_MODELS[model]
+    if spot is not None and (wanted == "SPOT") != bool(spot):
+        raise SpecError(
+            f"spot: {bool(spot)} contradicts provisioning_model: {model}; drop spot (provisioning_model "
+            "replaces it) or make them agree"
+        )
+    return wanted
 
 
 def project_of(instance: dict[str, Any]) -> str:
@@ -126,6 +174,9 @@ def instance_facts(
         "provisioning_model": model,
         "preemptible": model == "SPOT",
         "instance_termination_action": action,
+        # Flex-start: the longest it runs, and when Google ends it (set once it runs).
+        "max_run_duration_s": max_run_duration_of(instance),
+        "ends_at": ends_at_of(instance),
         "ip": choose_ip(public, private, ip_preference),
         "public_ip": public,
         "private_ip": private,
@@ -141,6 +192,20 @@ def instance_facts(
         "last_start_timestamp": instance.get("lastStartTimestamp"),
         "last_stop_timestamp": instance.get("lastStopTimestamp"),
     }
+
+
+def max_run_duration_of(instance: dict[str, Any]) -> int | None:
+    """scheduling.maxRunDuration in seconds (a Duration's `seconds` is a string on the wire)."""
+    duration = (instance.get("scheduling") or {}).get("maxRunDuration") or {}
+    seconds = duration.get("seconds")
+    return int(seconds) if seconds not in (None, "") else None
+
+
+def ends_at_of(instance: dict[str, Any]) -> str | None:
+    """When Google ends the VM (RFC 3339): resourceStatus.scheduling.terminationTimestamp, else the
+    asked scheduling.terminationTime; None for a VM that has no end (Spot, standard)."""
+    status = ((instance.get("resourceStatus") or {}).get("scheduling") or {}).get("terminationTimestamp")
+    return status or (instance.get("scheduling") or {}).get("terminationTime") or None
 
 
 def boot_disk_size_of(instance: dict[str, Any]) -> int | None:
@@ -183,6 +248,11 @@ class InstanceSpec:
     spot: bool | None
     instance_termination_action: str | None
     fallback_zones: list[str] = field(default_factory=list)
+    # STANDARD, SPOT or FLEX_START; None: not asked (the API's STANDARD at creation, not compared).
+    provisioning_model: str | None = None
+    # Flex-start only: the longest the VM runs, and how long its request may wait for capacity.
+    max_run_duration_s: int | None = None
+    request_valid_for_s: int | None = None
     # Names of resource policies (the cluster's compact placement) in the zone's region; None: not asked.
     resource_policies: list[str] | None = None
 
@@ -196,8 +266,15 @@ class InstanceSpec:
         return ordered
 
     @property
+    def flex_start(self) -> bool:
+        return self.provisioning_model == "FLEX_START"
+
+    @property
     def termination_action(self) -> str | None:
-        """Spot's action with the server default (STOP) made explicit; None for standard VMs."""
+        """Spot's action with the server default (STOP) made explicit, Flex-start's with forja's
+        (DELETE); None for standard VMs."""
+        if self.flex_start:
+            return self.instance_termination_action or FLEX_START_DEFAULT_ACTION
         return (self.instance_termination_action or "STOP") if self.spot else None
 
 
@@ -281,15 +358,17 @@ def validate_spec(
         if not ZONE_RE.match(zone or ""):
             field_name = "zone" if zone == params["zone"] else "fallback_zones"
             raise SpecError(f"{field_name}: '{zone}' is not a zone name such as us-east1-d")
-    spot = params.get("spot")
+    model = provisioning_model_of(params)
+    spot = None if model is None else model == "SPOT"
     action = params.get("instance_termination_action")
-    if action and not spot:
+    if action and model not in ("SPOT", "FLEX_START"):
         raise SpecError(
-            f"instance_termination_action: '{action}' applies only to Spot VMs; set spot: true or drop "
-            "instance_termination_action"
+            f"instance_termination_action: '{action}' applies only to Spot and Flex-start VMs; set "
+            "spot: true (or provisioning_model: spot or flex_start) or drop instance_termination_action"
         )
     if action and action not in TERMINATION_ACTIONS:
         raise SpecError(f"instance_termination_action: '{action}' must be STOP or DELETE")
+    max_run_s, valid_s = flex_start_durations(params, model)
     size = params.get("boot_disk_size_gb")
     if size is not None and (int(size) < 10 or int(size) > 65536):
         raise SpecError(f"boot_disk_size_gb: {size} is out of range; boot disks are 10 to 65536 GB")
@@ -349,16 +428,72 @@ def validate_spec(
         metadata=metadata,
         service_account_email=params.get("service_account_email") or None,
         scopes=None if params.get("scopes") is None else list(params["scopes"]),
-        spot=None if spot is None else bool(spot),
+        spot=spot,
         instance_termination_action=action or None,
         fallback_zones=list(params.get("fallback_zones") or []),
         resource_policies=None if policies is None else sorted({str(p) for p in policies}),
+        provisioning_model=model,
+        max_run_duration_s=max_run_s,
+        request_valid_for_s=valid_s,
     )
+
+
+def flex_start_durations(params: dict[str, Any], model: str | None) -> tuple[int | None, int | None]:
+    """(max run, request valid for) in seconds, checked: both belong to Flex-start alone, the run is
+    required and at most 7 days, the wait at most 2 hours. The machine series is checked with the
+    machine type (`check_flex_start_machine`)."""
+    max_run, valid = params.get("max_run_duration"), params.get("request_valid_for_duration")
+    if model != "FLEX_START":
+        for name, value in (("max_run_duration", max_run), ("request_valid_for_duration", valid)):
+            if value not in (None, ""):
+                raise SpecError(
+                    f"{name}: '{value}' applies only to Flex-start VMs; set provisioning_model: flex_start "
+                    f"or drop {name}"
+                )
+        return None, None
+    if max_run in (None, ""):
+        raise SpecError(
+            "max_run_duration: required for a Flex-start VM (Google ends it then); give at most 7d, "
+            "e.g. max_run_duration: 3d"
+        )
+    max_run_s = duration_s(max_run, "max_run_duration")
+    if not 0 < max_run_s <= FLEX_START_MAX_RUN_S:
+        raise SpecError(
+            f"max_run_duration: '{max_run}' is {max_run_s} s; a Flex-start VM runs more than 0 s and at most "
+            "7 days (7d). Split a longer run into several, resuming from the checkpoint"
+        )
+    valid_s = None
+    if valid not in (None, ""):
+        valid_s = duration_s(valid, "request_valid_for_duration")
+        if not 0 < valid_s <= FLEX_START_MAX_WAIT_S:
+            raise SpecError(
+                f"request_valid_for_duration: '{valid}' is {valid_s} s; Google keeps a Flex-start request "
+                "queued more than 0 s and at most 2 hours (2h)"
+            )
+    return max_run_s, valid_s
+
+
+def check_flex_start_machine(spec: InstanceSpec) -> None:
+    """Flex-start takes accelerator-optimized series only (not A4X or G4) and H4D; say which."""
+    if spec.flex_start and spec.machine_type and not qualifies_for_flex_start(spec.machine_type):
+        raise SpecError(
+            f"machine_type: '{spec.machine_type}' cannot be a Flex-start VM; Flex-start takes the "
+            f"{', '.join(s.upper() for s in FLEX_START_SERIES)} series (e.g. g2-standard-8 for one L4). "
+            "Pick such a machine type, or provisioning_model: spot or standard"
+        )
 
 
 def scheduling_body(spec: InstanceSpec) -> dict[str, Any]:
     """Scheduling: GPUs cannot live-migrate, so TERMINATE on host maintenance whenever a GPU is there."""
     has_gpu = bool(spec.gpus and spec.gpus.gpu_count > 0)
+    if spec.flex_start:  # Google's "Create a Flex-start VM": no restart, TERMINATE, a max run duration
+        return {
+            "provisioningModel": "FLEX_START",
+            "instanceTerminationAction": spec.termination_action,
+            "maxRunDuration": {"seconds": str(spec.max_run_duration_s)},
+            "onHostMaintenance": "TERMINATE",
+            "automaticRestart": False,
+        }
     if spec.spot:
         return {
             "provisioningModel": "SPOT",
@@ -415,6 +550,10 @@ def insert_body(spec: InstanceSpec, zone: str, project: str) -> dict[str, Any]:
         ]
     if spec.tags:
         body["tags"] = {"items": list(spec.tags)}
+    if spec.flex_start:  # DWS capacity, never a reservation's; the request waits this long at most
+        body["reservationAffinity"] = {"consumeReservationType": "NO_RESERVATION"}
+        if spec.request_valid_for_s:
+            body["params"] = {"requestValidForDuration": {"seconds": str(spec.request_valid_for_s)}}
     if spec.resource_policies:
         region = zone.rsplit("-", 1)[0]
         body["resourcePolicies"] = [
@@ -450,11 +589,13 @@ def immutable_differences(spec: InstanceSpec, instance: dict[str, Any]) -> list[
         pairs.append(("machine_type", spec.machine_type, short_name(instance.get("machineType"))))
     if spec.gpus is not None:
         pairs += [("gpu_type", spec.gpus.gpu_type, gpu_type), ("gpu_count", spec.gpus.gpu_count, gpu_count)]
-    if spec.spot is not None:
+    if spec.provisioning_model is not None:
         pairs += [
-            ("spot", "SPOT" if spec.spot else "STANDARD", model),
+            ("provisioning_model", spec.provisioning_model, model),
             ("instance_termination_action", spec.termination_action, action),
         ]
+    if spec.flex_start:
+        pairs.append(("max_run_duration", spec.max_run_duration_s, max_run_duration_of(instance)))
     disk = boot_disk_of(instance)
     if disk.get("diskSizeGb") is not None and spec.boot_disk_size_gb is not None:
         pairs.append(("boot_disk_size_gb", spec.boot_disk_size_gb, int(disk["diskSizeGb"])))
@@ -514,9 +655,11 @@ def predicted_facts(spec: InstanceSpec, zone: str, project: str, status: str) ->
         "machine_type": spec.machine_type,
         "gpu_type": spec.gpus.gpu_type if spec.gpus else None,
         "gpu_count": spec.gpus.gpu_count if spec.gpus else 0,
-        "provisioning_model": "SPOT" if spec.spot else "STANDARD",
+        "provisioning_model": spec.provisioning_model or "STANDARD",
         "preemptible": bool(spec.spot),
         "instance_termination_action": spec.termination_action,
+        "max_run_duration_s": spec.max_run_duration_s,
+        "ends_at": None,
         "ip": None,
         "public_ip": None,
         "private_ip": None,

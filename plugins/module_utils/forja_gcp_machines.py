@@ -124,11 +124,29 @@ def supports_compact_placement(machine_type: str) -> bool:
     return machine_type.split("-", 1)[0] in COMPACT_PLACEMENT_FAMILIES
 
 
+# Machine series that can be Flex-start VMs (provisioningModel FLEX_START, Dynamic Workload Scheduler),
+# from Google's "About Flex-start VMs": "all accelerator-optimized machine types (except A4X and G4) and
+# H4D machine types". General-purpose series (N1 with attached GPUs, N2, E2) do not qualify.
+FLEX_START_SERIES = ("a2", "a3", "a4", "g2", "h4d")
+# The series whose Flex-start VMs are billed at a discount (the same page: "For A4, A3, A2, and H4D
+# machine types, you obtain vCPUs, memory, and any attached GPUs at a discounted price"); G2 gets
+# obtainability, not a lower price: a G2 Flex-start VM is billed at the on-demand rate.
+FLEX_START_DISCOUNT_SERIES = ("a2", "a3", "a4", "h4d")
+
+
+def qualifies_for_flex_start(machine_type: str) -> bool:
+    """Whether Compute Engine accepts this machine type as a Flex-start VM (A4X is a4x-, not a4-)."""
+    return machine_type.split("-", 1)[0] in FLEX_START_SERIES
+
+
 #: Google's error codes for a zone that has no capacity for the machine type right now (a stock-out):
 #: the module moves to the next zone on them, forja's Spot watcher waits and tries again.
 STOCKOUT_CODES = ("ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS")
-#: Instance statuses a VM passes through on its way up or down: wait and look again.
-SETTLING_STATES = ("PROVISIONING", "STAGING", "STOPPING", "SUSPENDING", "REPAIRING", "PENDING_STOP")
+#: Instance statuses a VM passes through on its way up or down: wait and look again. PENDING is a
+#: Flex-start request waiting in Google's queue for capacity (it may wait up to two hours).
+SETTLING_STATES = (
+    "PROVISIONING", "STAGING", "STOPPING", "SUSPENDING", "REPAIRING", "PENDING_STOP", "PENDING",
+)  # fmt: skip
 
 
 MACHINE_TYPE_RE = re.compile(r"^[a-z][a-z0-9]*-[a-z0-9-]+$")

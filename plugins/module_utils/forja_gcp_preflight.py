@@ -38,6 +38,11 @@ from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import (
     GcpError,
     region_of,
 )
+from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_advice import (
+    FLEX_START_BELOW,
+    advise,
+    flex_start_suggestion,
+)
 from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_machines import (
     MACHINE_TYPES,
     MachineSpecError,
@@ -98,7 +103,7 @@ DISK_QUOTA_METRICS = {
 }
 #: The report's order: what the next checks stand on first, the price last.
 ORDER = ("credentials", "project", "billing", "api", "permissions", "placement", "image", "quota",
-         "this machine", "price")
+         "capacity", "this machine", "price")
 
 
 @dataclass
@@ -137,6 +142,8 @@ class Plan:
     iap_command: str = "gcloud compute start-iap-tunnel"
     os_login: bool = False
     features: list[str] = field(default_factory=list)
+    #: A Spot VM whose best zone scores below this obtainability gets a Flex-start suggestion.
+    flex_start_below: float = FLEX_START_BELOW
 
     @property
     def zones(self) -> list[str]:
@@ -188,6 +195,7 @@ class Preflight:
                 self.image()
                 if zones_ok:
                     self.quota()
+                    self.capacity()
             else:
                 for check in ("placement", "image"):
                     self.add(check, "-", SKIP, "not checked: Compute Engine cannot be asked (see above)")
@@ -506,6 +514,22 @@ class Preflight:
                          f"request {metric} of at least {usage + need:g} in {where} (IAM & Admin > Quotas; "
                          "new projects also need GPUS_ALL_REGIONS of 1 or more, and may wait up to 2 days)",
                          f"{CONSOLE}/iam-admin/quotas?project={plan.project}&metric={metric}")
+
+    def capacity(self) -> None:
+        """A Spot VM that Google says it can hardly give anywhere asked: suggest Flex-start (a warning,
+        never a block; an advisor with no answer for the project says nothing here)."""
+        plan = self.plan
+        if not plan.spot:
+            return
+        advice = advise(self.client, plan.project, plan.zones, plan.machine_type, True,
+                        plan.gpu_type, plan.gpu_count)
+        suggestion = flex_start_suggestion(advice, plan.machine_type, plan.flex_start_below)
+        if suggestion:
+            best = max(a.obtainability or 0.0 for a in advice)
+            self.add("capacity", f"{plan.machine_type} Spot", WARN,
+                     f"Google's capacity advice scores Spot obtainability at most {best:.2f} in "
+                     f"{', '.join(plan.zones)}", suggestion,
+                     "https://cloud.google.com/compute/docs/instances/about-flex-start-vms")
 
     def quota_unread(self) -> None:
         """Compute Engine is off, so it lists no quota; a project that never used it has no GPU quota."""

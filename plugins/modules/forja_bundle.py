@@ -58,6 +58,14 @@ options:
     type: list
     elements: str
     default: []
+  required_executable:
+    description:
+      - Archive paths that must be in the bundle, as O(required), and executable (an x bit in their mode),
+        such as a run's hook scripts. One without its x bit fails the module before any bundle is written,
+        naming the C(chmod +x) that fixes it.
+    type: list
+    elements: str
+    default: []
   verify_only:
     description:
       - Only walk the folders and check O(required), without building or writing an archive (a cheap check

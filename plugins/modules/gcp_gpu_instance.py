@@ -19,9 +19,12 @@ from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import (
 )
 from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_advice import order_zones
 from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_instance import (
+    FLEX_START_MAX_WAIT_S,
+    PENDING_STATUS,
     STOPPED_STATES,
     InstanceSpec,
     SpecError,
+    check_flex_start_machine,
     comparable_view,
     immutable_differences,
     insert_body,
@@ -42,7 +45,7 @@ from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_machines impor
 
 DOCUMENTATION = r"""
 module: gcp_gpu_instance
-short_description: Manage one Compute Engine GPU VM (G2/L4, A2, A3 or N1), with Spot and zone fallback
+short_description: Manage one Compute Engine GPU VM (G2/L4, A2, A3, N1), with Spot, Flex-start, zone fallback
 description:
   - Creates, starts, stops or deletes one Compute Engine VM with GPUs, the way forja needs it.
   - Checks the machine type against the GPU asked for before any call (C(g2-standard-8) comes with
@@ -213,9 +216,38 @@ options:
     description:
       - Create a Spot VM (C(provisioningModel=SPOT)); cheaper, may be preempted at any time. Unset
         means a standard VM at creation, and not compared on an existing VM.
+      - The same as O(provisioning_model=spot) (C(false) as C(standard)); O(provisioning_model) replaces
+        it, and the two may not disagree.
     type: bool
+  provisioning_model:
+    description:
+      - How Google provides the VM. C(standard) runs until stopped; C(spot) is cheaper and may be
+        preempted at any time; C(flex_start) (Dynamic Workload Scheduler) waits in Google's queue for
+        capacity, then runs without preemption for at most O(max_run_duration), and Google then
+        stops or deletes it (O(instance_termination_action), C(DELETE) unless set).
+      - C(flex_start) takes the A2, A3, A4, G2 and H4D machine series only (not A4X or G4); another
+        machine type fails before anything is created. A Flex-start VM's request is created at once
+        with status C(PENDING) while it waits; with O(wait=true) the module returns then, reporting
+        RV(pending), instead of waiting for the capacity (the gcp_instance role waits, with progress).
+        A PENDING VM is never started; delete it to cancel the request.
+      - Unset means what O(spot) says (and a standard VM when that is unset too).
+    type: str
+    choices: [standard, spot, flex_start]
+  max_run_duration:
+    description:
+      - Flex-start only, and required there, the longest the VM runs once it has its capacity, as
+        C(3d), C(36h), C(1d12h) or C(90m); at most C(7d). Google performs the termination action then.
+    type: str
+  request_valid_for_duration:
+    description:
+      - Flex-start only, how long the request may wait in Google's queue for capacity
+        (C(params.requestValidForDuration)), at most C(2h); unset means Google's default. A request
+        that finds no capacity by then fails, and the VM is gone.
+    type: str
   instance_termination_action:
-    description: What preemption does to a Spot VM (the API default is STOP). Only valid with O(spot=true).
+    description:
+      - What preemption does to a Spot VM (the API default is STOP), or what the end of its run does to
+        a Flex-start VM (forja's default, DELETE). Only valid for those two models.
     type: str
     choices: [STOP, DELETE]
   ip_preference:
@@ -245,6 +277,9 @@ seealso:
   - name: Spot VMs
     description: provisioningModel SPOT and instanceTerminationAction.
     link: https://cloud.google.com/compute/docs/instances/spot
+  - name: Flex-start VMs
+    description: provisioningModel FLEX_START, maxRunDuration and the machine series that qualify.
+    link: https://cloud.google.com/compute/docs/instances/about-flex-start-vms
 """
 
 EXAMPLES = r"""
@@ -275,6 +310,20 @@ EXAMPLES = r"""
     labels:
       owner: alice
   delegate_to: localhost
+
+- name: Ask for a Flex-start L4 VM that runs 3 days without preemption, queued up to 2 hours
+  forja.gpu.gcp_gpu_instance:
+    name: forja-l4-flex
+    project: my-project
+    zone: us-east1-d
+    machine_type: g2-standard-8
+    image_family: pytorch-2-7-cu128-ubuntu-2204-nvidia-570
+    image_project: deeplearning-platform-release
+    provisioning_model: flex_start
+    max_run_duration: 3d
+    request_valid_for_duration: 2h
+  delegate_to: localhost
+  register: flex
 
 - name: Stop the VM (the disk stays, billing of the GPU stops); fails if there is no such VM
   forja.gpu.gcp_gpu_instance:
@@ -319,9 +368,15 @@ instance:
     machine_type: {description: Machine type (short name)., type: str, sample: g2-standard-8}
     gpu_type: {description: GPU model., type: str, sample: nvidia-l4}
     gpu_count: {description: Number of GPUs., type: int, sample: 1}
-    provisioning_model: {description: STANDARD or SPOT., type: str}
+    provisioning_model: {description: "STANDARD, SPOT or FLEX_START.", type: str}
     preemptible: {description: Whether it is a Spot VM., type: bool}
-    instance_termination_action: {description: STOP or DELETE for Spot VMs, else null., type: str}
+    instance_termination_action:
+      description: STOP or DELETE for Spot and Flex-start VMs; null for others.
+      type: str
+    max_run_duration_s: {description: The longest a Flex-start VM runs (seconds); null for others., type: int}
+    ends_at:
+      description: When Google ends a running Flex-start VM (RFC 3339); null before it runs, and for others.
+      type: str
     ip: {description: The address to connect to (per ip_preference)., type: str}
     public_ip: {description: Ephemeral public IP, if any., type: str}
     private_ip: {description: Internal IP., type: str}
@@ -356,6 +411,20 @@ zone_advice:
   elements: dict
   sample: [{zone: us-east1-b, obtainability: 0.2, estimated_uptime_s: 60, preemption_rate_30d: 0.4,
             list_price_usd_hour: 0.31, no_signal: ""}]
+pending:
+  description:
+    - The Flex-start VM's request waits in Google's queue for capacity (status PENDING); the
+      module did not wait for it. Poll M(forja.gpu.gcp_gpu_instance_info) until it runs.
+  returned: when a Flex-start VM is PENDING
+  type: bool
+  sample: true
+request_valid_for_s:
+  description:
+    - How long, at most, the pending request waits in the queue (O(request_valid_for_duration), else
+      Google's longest, 7200 s); after that it fails and the VM is gone.
+  returned: when a Flex-start VM is PENDING
+  type: int
+  sample: 7200
 preempted_at:
   description:
     - When Google last preempted this Spot VM (RFC 3339), if that is why it was TERMINATED and this
@@ -404,6 +473,9 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "service_account_email": {"type": "str"},
     "scopes": {"type": "list", "elements": "str"},
     "spot": {"type": "bool"},
+    "provisioning_model": {"type": "str", "choices": ["standard", "spot", "flex_start"]},
+    "max_run_duration": {"type": "str"},
+    "request_valid_for_duration": {"type": "str"},
     "instance_termination_action": {"type": "str", "choices": ["STOP", "DELETE"]},
     "ip_preference": {"type": "list", "elements": "str", "default": ["public_ip", "private_ip"]},
     "wait": {"type": "bool", "default": True},
@@ -425,6 +497,7 @@ class InstanceManager:
         self.zones_tried: list[dict[str, Any]] = []
         self.zone_advice: list[dict[str, Any]] = []
         self.preempted_at: str | None = None
+        self.request_valid_for_s = FLEX_START_MAX_WAIT_S
         # Whether something was changed for good; a failed insert whose leftover we deleted is not.
         self.applied = False
         self.op_timeout = float(self.params["operation_timeout"])
@@ -495,7 +568,7 @@ class InstanceManager:
         gpu_type = spec.gpus.gpu_type if spec.gpus and spec.gpus.attach else ""
         gpu_count = spec.gpus.gpu_count if spec.gpus and spec.gpus.attach else 0
         ordered, advice = order_zones(self.client, self.project, zones[1:], spec.machine_type or "",
-                                      bool(spec.spot), gpu_type or "", gpu_count or 0)
+                                      spec.provisioning_model or "STANDARD", gpu_type or "", gpu_count or 0)
         self.zone_advice = [a.as_dict() for a in advice]
         return [zones[0], *ordered]
 
@@ -510,11 +583,11 @@ class InstanceManager:
         for zone in self.zone_order(spec):
             self.actions.append(f"insert in {zone}")
             try:
-                self.run_op(
-                    "POST",
-                    f"projects/{self.project}/zones/{zone}/instances",
-                    insert_body(spec, zone, self.project),
-                )
+                path = f"projects/{self.project}/zones/{zone}/instances"
+                if spec.flex_start:
+                    self.insert_flex_start(zone, path, insert_body(spec, zone, self.project))
+                else:
+                    self.run_op("POST", path, insert_body(spec, zone, self.project))
             except GcpOperationError as exc:
                 self.zones_tried.append({"zone": zone, "error": exc.code})
                 self.remove_leftover(zone)
@@ -535,6 +608,29 @@ class InstanceManager:
             f"left behind. Last error: {last_error.message}",
             code=last_error.code,
         )
+
+    def insert_flex_start(self, zone: str, path: str, body: dict[str, Any]) -> None:
+        """Insert a Flex-start VM; return once it is queued (PENDING) or made, whichever comes first.
+
+        Its insert operation stays RUNNING while Google looks for capacity (up to the request's
+        validity, two hours at most), longer than any task should block without a word: the role
+        waits for it with progress, and a Ctrl-C there leaves the request queued at Google.
+        """
+        op = self.client.request("POST", path, body=body) or {}
+        if not self.params["wait"]:
+            return
+        deadline = time.monotonic() + self.op_timeout
+        while True:
+            found = self.client.get_instance(self.project, zone, self.params["name"]) or {}
+            if found.get("status") == PENDING_STATUS:
+                return
+            try:
+                self.client.wait_operation(op, project=self.project,
+                                           timeout_s=max(0.1, min(1.0, deadline - time.monotonic())))
+                return
+            except GcpOperationError as exc:
+                if exc.code != "TIMEOUT" or time.monotonic() >= deadline:
+                    raise
 
     def remove_leftover(self, zone: str) -> None:
         """A failed insert can leave a TERMINATED shell behind for a moment; delete it, leave nothing."""
@@ -597,9 +693,15 @@ class InstanceManager:
                 self.actions.append("setTags")
                 if not self.check:
                     self.update_fingerprinted(zone, "setTags", spec.tags)
-        instance = self.settle(zone, instance) if not self.check else instance
+        if not self.check and instance.get("status") != PENDING_STATUS:  # a queued request: no op to wait for
+            instance = self.settle(zone, instance)
         status = instance.get("status")
-        if state == "started" and status != "RUNNING":
+        if status == PENDING_STATUS:
+            # A Flex-start request still queued for capacity: it starts by itself when Google has it.
+            if state == "stopped":
+                self.call.warn(f"{self.params['name']} is a Flex-start request still waiting for capacity "
+                               "(PENDING); it cannot be stopped: delete it (state: absent) to cancel it")
+        elif state == "started" and status != "RUNNING":
             self.actions.append("start")
             self.preempted_at = self.last_preemption(zone, instance)
             if self.preempted_at:
@@ -637,7 +739,10 @@ class InstanceManager:
             gpus = resolve_gpus(params["machine_type"], params["gpu_type"], params["gpu_count"])
         elif params["gpu_type"] or params["gpu_count"]:
             raise SpecError("machine_type: gpu_type and gpu_count are checked against it; set it too")
-        return validate_spec(params, self.project, gpus, creating=creating)
+        spec = validate_spec(params, self.project, gpus, creating=creating)
+        check_flex_start_machine(spec)
+        self.request_valid_for_s = spec.request_valid_for_s or FLEX_START_MAX_WAIT_S
+        return spec
 
     def refuse_missing(self, zones: list[str]) -> None:
         """started/stopped on a VM that does not exist: say what was looked for; create nothing."""
@@ -721,6 +826,9 @@ class InstanceManager:
             result["zone_advice"] = self.zone_advice
         if self.preempted_at:
             result["preempted_at"] = self.preempted_at
+        if facts is not None and facts.get("status") == PENDING_STATUS:
+            result["pending"] = True
+            result["request_valid_for_s"] = self.request_valid_for_s
         header = f"instance {self.params['name']}"
         return self.call.with_diff(result, before, after, before_header=header, after_header=header)
 

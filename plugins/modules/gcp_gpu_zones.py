@@ -61,6 +61,18 @@ options:
     description: Rank for a Spot VM (provisioning model SPOT, with the preemption history); else STANDARD.
     type: bool
     default: false
+  provisioning_model:
+    description:
+      - The provisioning model to rank for; replaces O(spot) when set (C(flex_start) asks the advisor
+        about FLEX_START, for which it gives no preemption history).
+    type: str
+    choices: [standard, spot, flex_start]
+  flex_start_below:
+    description:
+      - For a Spot VM, when even the best candidate zone's obtainability is below this, RV(suggestion)
+        suggests a Flex-start VM instead (0 to 1; 0 never suggests).
+    type: float
+    default: 0.4
 notes:
   - Google's Capacity Advisor is in Public Preview and needs the C(compute.advice.capacity) permission
     (in C(roles/compute.viewer)). It ignores quota, and covers no N1 VM with attached GPUs.
@@ -80,6 +92,11 @@ EXAMPLES = r"""
 - name: Show the best zone
   ansible.builtin.debug:
     msg: "{{ ranked.zones[0].zone }}"
+
+- name: Say when Spot is so scarce that a Flex-start VM is the better bet
+  ansible.builtin.debug:
+    msg: "{{ ranked.suggestion }}"
+  when: ranked.suggestion | length > 0
 """
 
 RETURN = r"""
@@ -120,7 +137,13 @@ signal:
   type: str
   sample: advice
 provisioning_model:
-  description: SPOT or STANDARD.
+  description: SPOT, STANDARD or FLEX_START.
+  returned: always
+  type: str
+suggestion:
+  description:
+    - For a Spot VM whose best zone scores below O(flex_start_below), a line suggesting a Flex-start VM
+      (how to ask for one included); empty otherwise, and when the advisor gave no score.
   returned: always
   type: str
 machine_type:
@@ -158,7 +181,9 @@ from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import (
     short_name,
 )
 from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_advice import (
+    FLEX_START_BELOW,
     advise,
+    flex_start_suggestion,
     provisioning_model,
     sort_key,
 )
@@ -172,6 +197,8 @@ SPEC: dict[str, Any] = {
         "gpu_type": {"type": "str", "default": ""},
         "gpu_count": {"type": "int", "default": 0},
         "spot": {"type": "bool", "default": False},
+        "provisioning_model": {"type": "str", "choices": ["standard", "spot", "flex_start"]},
+        "flex_start_below": {"type": "float", "default": FLEX_START_BELOW},
         **AUTH_ARGUMENT_SPEC,
     },
     "mutually_exclusive": [("credentials_file", "credentials_json")],
@@ -205,7 +232,12 @@ def run(call: Call) -> dict[str, Any]:
     if not project:
         raise ModuleFailure(
             f"project: not set; set gcp_instance_project (or {ENV_PROJECT}) to the GCP project ID")
-    machine_type, spot = params["machine_type"], params["spot"]
+    machine_type = params["machine_type"]
+    model = provisioning_model(params["provisioning_model"] or bool(params["spot"]))
+    spot = model == "SPOT"
+    if not 0.0 <= params["flex_start_below"] <= 1.0:
+        raise ModuleFailure(
+            f"flex_start_below: {params['flex_start_below']} must be from 0 to 1 (an obtainability)")
     gpu_type, gpu_count = params["gpu_type"] or "", params["gpu_count"] or 0
     try:
         client = GcpClient(config)
@@ -221,7 +253,7 @@ def run(call: Call) -> dict[str, Any]:
                     return None
 
             offers = dict(zip(zones, pool.map(offered, zones), strict=True))
-        advice = advise(client, project, zones, machine_type, spot, gpu_type, gpu_count)
+        advice = advise(client, project, zones, machine_type, model, gpu_type, gpu_count)
     except GcpError as exc:  # bad credentials, an unreachable API: the task's own failure
         raise ModuleFailure(exc.message, http_status=exc.status, reason=exc.reason) from None
     try:
@@ -234,7 +266,7 @@ def run(call: Call) -> dict[str, Any]:
         usd = None
         if prices is not None:
             try:
-                vm = PricedVm(machine_type, zone_advice.zone, machine_type, spot, gpus)
+                vm = PricedVm(machine_type, zone_advice.zone, machine_type, spot, gpus, model)
                 usd = round(machine_rate(vm, prices).usd_per_hour, 6)
             except (PriceError, KeyError, ValueError):
                 usd = None
@@ -250,7 +282,10 @@ def run(call: Call) -> dict[str, Any]:
     signal = "advice" if scored else ("no signal: " + "; ".join(reasons) if reasons else "no signal")
     return {
         "changed": False, "project": project, "machine_type": machine_type,
-        "provisioning_model": provisioning_model(spot), "signal": signal,
+        "provisioning_model": model, "signal": signal,
+        "suggestion": flex_start_suggestion(
+            [a for a, row in rows if row["offered"] is not False], machine_type, params["flex_start_below"]
+        ) if spot else "",
         "zones": [row for _advised, row in rows], "elapsed_s": round(time.monotonic() - started, 3),
     }
 

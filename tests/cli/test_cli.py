@@ -40,7 +40,8 @@ def inventory(path: Path, hosts: dict[str, dict[str, object]]) -> Path:
 #: Every verb of the command and the `Forja` method it is.
 VERBS = {"up": Forja.up, "configure": Forja.configure, "down": Forja.down, "train": Forja.train,
          "follow": Forja.follow, "status": Forja.status, "logs": Forja.logs, "fetch": Forja.fetch,
-         "stop": Forja.stop, "runs": Forja.runs, "tunnel": Forja.tunnel, "cost": Forja.cost}
+         "stop": Forja.stop, "runs": Forja.runs, "tunnel": Forja.tunnel, "cost": Forja.cost,
+         "prune": Forja.prune}
 
 
 def words(text: str) -> str:

@@ -108,3 +108,11 @@ def test_the_report_reads_the_ansible_inventory(tmp_path):
     report = json.loads(proc.stdout)
     assert [i["name"] for i in report["instances"]] == ["forja-gpu"]
     assert report["skipped"] == ["laptop"]
+
+
+def test_what_stopped_disks_still_cost_a_month_is_said_apart(instances_file):
+    """The running VM's disk is in its month; the stopped one's is the bill people forget."""
+    report = json.loads(forja_cost("--instances", str(instances_file), "--now", NOW, "--json").stdout)
+    assert report["stopped_disks"] == {"instances": ["spot-box"], "usd_per_month": pytest.approx(10.0)}
+    table = " ".join(forja_cost("--instances", str(instances_file), "--now", NOW).stdout.split())
+    assert "stopped, disk still billed: $10.00/month (spot-box)" in table

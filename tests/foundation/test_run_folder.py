@@ -48,6 +48,7 @@ ON_DISK = {
     "LAUNCHER_EXITS": ".forja-exits",
     "ELASTIC": "elastic.json",
     "COMPLETED_MARKER": "COMPLETED",
+    "HOOK_LOG": "hook.log",
     "LOGS_DIR": "logs",
     "TMP_MARK": ".tmp.",
 }
@@ -99,7 +100,7 @@ def test_what_cannot_import_it_spells_the_same_names() -> None:
     """The launcher (a shell script) and the roles' YAML keep literals: the module's, exactly."""
     launcher = (REPO / "roles/trainer_run/files/forja-train-launch").read_text()
     for name in (run_folder.COMPLETED_MARKER, run_folder.LAUNCHER_LOCK, run_folder.LAUNCHER_EXITS,
-                 run_folder.ELASTIC):
+                 run_folder.ELASTIC, run_folder.HOOK_LOG, run_folder.STOP_REQUESTED):
         assert f'"$FORJA_OUT/{name}"' in launcher, name
     assert f"$FORJA_OUT/{run_folder.CHECKPOINTS_DIR}}}" in launcher  # FORJA_CHECKPOINT_DIR's default
     tasks = REPO / "roles/trainer_run/tasks"

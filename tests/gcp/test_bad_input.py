@@ -61,6 +61,24 @@ CASES = {
         "instance_termination_action:",
         "spot: true",
     ),
+    "flex_start_on_n1": (
+        {"provisioning_model": "flex_start", "max_run_duration": "1d", "machine_type": "n1-standard-8",
+         "gpu_type": "nvidia-tesla-t4", "gpu_count": 1},
+        "machine_type:",
+        "'n1-standard-8' cannot be a Flex-start VM",
+    ),
+    "flex_start_over_7_days": (
+        {"provisioning_model": "flex_start", "max_run_duration": "8d"}, "max_run_duration:", "at most 7 days",
+    ),
+    "flex_start_without_end": (
+        {"provisioning_model": "flex_start"}, "max_run_duration:", "max_run_duration: 3d",
+    ),
+    "max_run_without_flex_start": (
+        {"max_run_duration": "1d"}, "max_run_duration:", "provisioning_model: flex_start",
+    ),
+    "spot_against_model": (
+        {"provisioning_model": "flex_start", "max_run_duration": "1d", "spot": True}, "spot:", "drop spot",
+    ),
     "bad_name": ({"name": "Forja_L4"}, "name:", "lowercase"),
     "bad_label": ({"labels": {"Owner": "Alice"}}, "labels:", "lowercase"),
 }

@@ -204,7 +204,7 @@ def test_spot_matches_when_the_server_fills_in_stop():
     ("changes", "field"),
     [
         ({"machine_type": "g2-standard-4"}, "machine_type"),
-        ({"spot": True}, "spot"),
+        ({"spot": True}, "provisioning_model"),
         ({"boot_disk_size_gb": 200}, "boot_disk_size_gb"),
         ({"boot_disk_interface": "SCSI"}, "boot_disk_interface"),
     ],

@@ -73,6 +73,9 @@ def test_the_module_states_no_vm_default_and_the_role_passes_each(option):
     )
     assert f"gcp_instance_{option}" in ROLE_DEFAULTS
     role_task = yaml.safe_load((REPO / "roles/gcp_instance/tasks/instance.yml").read_text())[0]
+    if option == "spot":  # passed as the provisioning model, whose default follows gcp_instance_spot
+        assert "gcp_instance_spot" in ROLE_DEFAULTS["gcp_instance_provisioning_model"]
+        option = "provisioning_model"
     assert f"gcp_instance_{option}" in str(role_task["forja.gpu.gcp_gpu_instance"][option])
 
 

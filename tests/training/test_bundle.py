@@ -82,6 +82,22 @@ def test_a_file_the_run_needs_that_would_be_left_out_fails_naming_why(tmp_path: 
     assert not dest.exists()
 
 
+def test_a_hook_without_its_x_bit_fails_naming_the_chmod(tmp_path: Path):
+    """required_executable: a run's hook runs as a program, so packed is not enough."""
+    src, dest = project(tmp_path), tmp_path / "bundles"
+    (src / "hooks").mkdir()
+    (src / "hooks" / "push.sh").write_text("#!/bin/sh\n")
+    base = {"sources": [{"path": str(src), "prefix": "project"}], "dest": str(dest), "verify_only": True,
+            "required_executable": ["project/hooks/push.sh"]}
+    rc, out = bundle(base)
+    assert rc != 0 and "project/hooks/push.sh: hooks/push.sh is not executable" in out["msg"], out
+    assert f"chmod +x hooks/push.sh, in {src}" in out["msg"], out
+    (src / "hooks" / "push.sh").chmod(0o755)
+    rc, out = bundle(base)
+    assert rc == 0, out
+    assert not dest.exists()
+
+
 def test_bad_options_are_refused_naming_the_option(tmp_path: Path):
     rc, out = bundle({"sources": [{"path": str(tmp_path / "nope"), "prefix": "p"}], "dest": str(tmp_path)})
     assert rc != 0 and "sources[0].path" in out["msg"] and "not a folder on the controller" in out["msg"], out

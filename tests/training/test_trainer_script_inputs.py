@@ -54,7 +54,18 @@ CASES: dict[str, tuple[dict[str, Any], str | None]] = {
     "replace_with_bucket_moved": ({CMD: ["train.py"], "trainer_run_replaced_as": "train-replaced-1",
                                    "trainer_run_checkpoint_bucket": "gs://my-ckpt/runs",
                                    "trainer_run_replaced_bucket_moved": True}, None),
+    "unknown_hook_event": ({CMD: ["train.py"], "trainer_run_hooks": {"preempted": "hooks/push.sh"}},
+                           "must map events (stop, preemption, down) to scripts in your project folder"),
+    "hook_outside_project": ({CMD: ["train.py"], "trainer_run_hooks": {"stop": "../push.sh"}},
+                             'trainer_run_hooks: {"stop": "../push.sh"} must map events'),
+    "hook_not_executable": ({CMD: ["train.py"], "trainer_run_hooks": {"down": "hooks/plain.sh"}},
+                            "project/hooks/plain.sh: hooks/plain.sh is not executable; make it so (chmod +x "
+                            "hooks/plain.sh"),
+    "bad_hook_timeout": ({CMD: ["train.py"], "trainer_run_hooks": {"stop": "hooks/push.sh"},
+                          "trainer_run_hook_timeout_s": 0}, "trainer_run_hook_timeout_s: 0 must be a number"),
     "good_command": ({CMD: ["train.py", "--steps", "5"], "trainer_run_cpu_procs": 2}, None),
+    "good_hooks": ({CMD: ["train.py"],
+                    "trainer_run_hooks": {"stop": "hooks/push.sh", "down": "hooks/push.sh"}}, None),
     "good_bucket": ({CMD: ["train.py"], "trainer_run_checkpoint_bucket": "gs://my-ckpt/runs/exp-1"}, None),
     "good_spec": ({"trainer_run_config": "SPEC_GOOD"}, None),
     "command_wins_over_spec": ({"trainer_run_config": "SPEC_GOOD", CMD: ["other.py"]}, None),
@@ -66,6 +77,10 @@ def _project(work: Path) -> Path:
     (project / "scratch").mkdir(parents=True)
     (project / "train.py").write_text("print('training')\n")
     (project / "other.py").write_text("print('other')\n")
+    (project / "hooks").mkdir()
+    (project / "hooks" / "push.sh").write_text("#!/bin/sh\necho pushed\n")
+    (project / "hooks" / "push.sh").chmod(0o755)
+    (project / "hooks" / "plain.sh").write_text("#!/bin/sh\necho plain\n")
     (project / "scratch" / "train.py").write_text("print('scratch')\n")
     (project / "secret.py").write_text(
         "-----BEGIN OPENSSH PRIVATE KEY-----\nnot-a-key\n-----END OPENSSH PRIVATE KEY-----\n"
@@ -169,6 +184,10 @@ def test_a_run_spec_brings_its_command_and_an_explicit_command_wins(outcomes: di
     )
     assert spec["nproc"] == 1  # auto without a GPU: trainer_run_cpu_procs' default
     assert outcomes["command_wins_over_spec"]["command"] == ["other.py"]
+
+
+def test_executable_hooks_in_the_project_are_accepted(outcomes: dict) -> None:
+    assert "failed" not in outcomes["good_hooks"], outcomes["good_hooks"]
 
 
 def test_a_checkpoint_bucket_of_the_right_form_is_accepted(outcomes: dict) -> None:

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
+
+import yaml
 
 ROOT = "/var/lib/forja/runs"
 RESULTS = Path(os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY", "/nonexistent")) / "results"
@@ -110,5 +114,50 @@ def test_sigterm_saves_every_rank_and_a_restart_resumes_from_that_checkpoint(hos
     )
     assert resumed[-1]["resumed_from_step"] == saved and resumed[-1]["world_size"] == 2
     assert f"resume point {out}/checkpoints/ckpt-{saved}.pt" in journal(host, run)
-    sudo(host, f"systemctl stop forja-train@{run}.service")
+
+
+def down_hooks(tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """forja down's first play (playbooks/down_hooks.yml, which teardown.yml imports) on th21."""
+    instance = next(e for e in yaml.safe_load(Path(os.environ["MOLECULE_INSTANCE_CONFIG"]).read_text())
+                    if e["instance"] == "th21")
+    (tmp_path / "inventory.yml").write_text(yaml.safe_dump({"all": {"hosts": {"th21": {
+        "ansible_host": instance["address"], "ansible_user": instance["user"],
+        "ansible_ssh_private_key_file": instance["identity_file"],
+        "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null"}}}}))
+    repo = Path(os.environ["MOLECULE_PROJECT_DIRECTORY"])
+    return subprocess.run(
+        [str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(tmp_path / "inventory.yml"),
+         "playbooks/down_hooks.yml", "-e", "forja_hosts=th21"], cwd=repo, capture_output=True, text=True,
+        timeout=300, check=False,
+        env={**os.environ, "ANSIBLE_CONFIG": str(repo / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"})
+
+
+def test_the_hooks_run_after_a_preemption_at_forja_down_and_after_the_stop_it_marks(host, tmp_path) -> None:
+    """own-drill's trainer_run_hooks: the SIGTERM above was a preemption (its hook ran after the save);
+    forja down's play runs the down hook while the run goes on and marks the coming SIGTERM as the
+    user's, so the stop that follows (the VM's shutdown) runs the stop hook."""
+    run, out = "own-drill", f"{ROOT}/own-drill"
+
+    def notes() -> list[list[str]]:
+        return [line.split() for line in sudo(host, f"cat {out}/hook-notes.txt").splitlines()]
+
+    event, noted_run, user, cwd, checkpoints = notes()[0]
+    assert (event, noted_run, user, checkpoints) == ("preemption", run, "forja-train", f"{out}/checkpoints")
+    assert cwd.startswith("/opt/forja/code/") and cwd.endswith("/project")
+
+    played = down_hooks(tmp_path)
+    assert played.returncode == 0, played.stdout[-3000:]
+    assert [n[0] for n in notes()] == ["preemption", "down"]
+    assert unit_show(host, run, "ActiveState") == "active", "the down hook leaves the run going"
+
+    sudo(host, f"systemctl stop forja-train@{run}.service")  # the VM's shutdown, after forja down
+    assert [n[0] for n in notes()] == ["preemption", "down", "stop"]
+    preempt = [e for e in jsonl(host, f"{out}/events.jsonl") if e["event"] == "preempt"]
+    assert preempt[-1].get("requested_by") == "forja down", "the user's stop, not Google's preemption"
+    s = json.loads(sudo(host, f"/usr/local/lib/forja/forja-train-state {run} --journal 5"))
+    assert s["hooks"] == {"preemption": "note-hook.sh", "down": "note-hook.sh", "stop": "note-hook.sh"}
+    for said in ("preemption hook note-hook.sh exited with 0", "down hook note-hook.sh exited with 0",
+                 "noted stop", "stop hook note-hook.sh exited with 0"):
+        assert said in sudo(host, f"cat {out}/hook.log"), said
+    assert "stop hook note-hook.sh exited with 0" in s["hook_log"]  # what `forja logs` shows
     sudo(host, f"systemctl disable forja-train@{run}.service")

@@ -46,6 +46,13 @@ once; a boot grace period keeps every stop away right after boot.
 Stdlib only, Python 3.10 (Ubuntu 22.04's python3): it runs on the host with nothing installed.
 The Jupyter token is read from its file on every run and is never logged or put in a URL.
 
+Before a poweroff, once the training units have checkpointed, the agent also leaves a record for the
+controller's stopped-disk prune (`forja prune`, plugins/module_utils/forja_gcp_prune.py): the guest
+attribute <namespace>/mirror, JSON listing each run on the disk with its newest checkpoint step and the
+objects a checkpoint bucket must hold for it (relative to the run's prefix there: the checkpoint, the
+mirror's completion marker, the run's logs and summary). A VM stopped past autostop_delete_after is
+deleted only when every one of those objects is in the bucket.
+
 Notifications: with notify_webhook_file set, a stop (idle, maximum runtime) is posted as an
 "autostop" event and a spend cap reached as "budget_reached", before acting, in the JSON forja's
 own events use (forja/notify.py). The webhook URL stays in its root-only file, never logged.
@@ -57,6 +64,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import re
 import shutil
 import socket
 import struct
@@ -126,6 +134,14 @@ ACTIONS = ("poweroff", "stop", "warn")
 #: The trainer's live metrics (trainer/live.py): the one gauge read (run_folder.LIVE names the port).
 PROGRESS_METRIC = "forja_train_last_progress_timestamp_seconds"
 MIN_BILLED_S = 60.0  # Compute Engine bills at least one minute per start
+#: The key, in the guest attribute's namespace, of the record for the stopped-disk prune, and its version
+#: (plugins/module_utils/forja_gcp_prune.py reads it: MIRROR_ATTRIBUTE, RECORD_VERSION).
+MIRROR_KEY = "mirror"
+MIRROR_RECORD_VERSION = 1
+#: A checkpoint's file name (trainer/checkpoint.py CKPT_RE) and the suffix of the completion marker the
+#: bucket mirror writes beside it (trainer/mirror.py MARKER_SUFFIX); tests/gcp/test_prune.py pins both.
+CHECKPOINT_RE = re.compile(r"^ckpt-(\d+)\.pt$")
+MARKER_SUFFIX = ".complete.json"
 
 
 class ConfigError(ValueError):
@@ -693,7 +709,8 @@ def read_state(path: str) -> dict[str, Any] | None:
 
 
 def stop_machine(config: dict[str, Any], record: dict[str, Any]) -> int:
-    """Let training checkpoint (SIGTERM through systemctl stop), then power the guest off."""
+    """Let training checkpoint (SIGTERM through systemctl stop), leave the prune its record, then power
+    the guest off."""
     units = training_units(config["train_unit_pattern"])
     if units:
         log(
@@ -706,6 +723,7 @@ def stop_machine(config: dict[str, Any], record: dict[str, Any]) -> int:
         subprocess.run(
             ["systemctl", "stop", *units], check=False, timeout=config["stop_timeout_seconds"] + 30
         )
+    record_mirror(config, time.time())
     log({"action": "poweroff", "command": config["poweroff_command"]})
     return subprocess.run(config["poweroff_command"], check=False).returncode
 
@@ -768,16 +786,76 @@ def record_stop_reason(config: dict[str, Any], record: dict[str, Any]) -> None:
         return
     reason = f"{record['time']} " + "; ".join(record.get("stop_reasons") or record["reasons"])
     data = reason.encode("utf-8")[:MAX_REASON_BYTES]
-    url = f"{config['metadata_url'].rstrip('/')}/instance/guest-attributes/{config['guest_attribute']}"
+    outcome = put_guest_attribute(config, config["guest_attribute"], data)
+    log({"action": "record-stop-reason", "guest_attribute": config["guest_attribute"], **outcome})
+
+
+def put_guest_attribute(config: dict[str, Any], attribute: str, data: bytes) -> dict[str, Any]:
+    """PUT one guest attribute (NAMESPACE/KEY) on the metadata server; how it went, for the journal."""
+    url = f"{config['metadata_url'].rstrip('/')}/instance/guest-attributes/{attribute}"
     request = urllib.request.Request(url, data=data, method="PUT", headers={"Metadata-Flavor": "Google"})
     try:
         with urllib.request.urlopen(request, timeout=5) as answer:
-            outcome = {"status": answer.status}
+            return {"status": answer.status}
     except urllib.error.HTTPError as exc:
-        outcome = {"status": exc.code, "error": exc.read(300).decode("utf-8", errors="replace")}
+        return {"status": exc.code, "error": exc.read(300).decode("utf-8", errors="replace")}
     except OSError as exc:
-        outcome = {"error": str(exc)}
-    log({"action": "record-stop-reason", "guest_attribute": config["guest_attribute"], **outcome})
+        return {"error": str(exc)}
+
+
+def run_claim(folder: str, run: str) -> dict[str, Any] | None:
+    """One run folder's newest checkpoint step and the objects its bucket prefix must hold (None: the
+    run has nothing a bucket would keep). The names are the mirror's layout (trainer/mirror.py)."""
+    checkpoints = os.path.join(folder, run_folder.CHECKPOINTS_DIR)
+    try:
+        names = os.listdir(checkpoints)
+    except OSError:
+        names = []
+    steps = [int(found.group(1)) for found in map(CHECKPOINT_RE.match, names) if found]
+    step = max(steps) if steps else None
+    objects = []
+    if step is not None:
+        newest = f"{run_folder.CHECKPOINTS_DIR}/ckpt-{step}.pt"
+        objects += [newest, newest + MARKER_SUFFIX]
+    for name in (*run_folder.LOGS, run_folder.SUMMARY):
+        if os.path.isfile(os.path.join(folder, name)):
+            objects.append(f"{run_folder.LOGS_DIR}/{name}")
+    return {"run": run, "step": step, "objects": objects} if objects else None
+
+
+def mirror_record(run_dir: str, now: float, limit: int = MAX_REASON_BYTES) -> dict[str, Any]:
+    """The stopped-disk prune's record: every run on the disk, newest first, with what the bucket must
+    hold for it. Runs that do not fit in `limit` bytes are left out and `more` says so: the prune then
+    keeps the VM (a doubt), never deletes it."""
+    try:
+        entries = [e for e in os.scandir(run_dir) if e.is_dir() and not e.name.startswith(".")]
+    except OSError:
+        entries = []
+    entries.sort(key=lambda e: e.stat().st_mtime, reverse=True)
+    claims = [c for c in (run_claim(e.path, e.name) for e in entries) if c is not None]
+    stamp = dt.datetime.fromtimestamp(now, dt.timezone.utc).isoformat(timespec="seconds")
+    record = {"v": MIRROR_RECORD_VERSION, "time": stamp, "runs": claims, "more": False}
+    while claims and len(json.dumps(record, separators=(",", ":"))) > limit:
+        claims.pop()
+        record["more"] = True
+    return record
+
+
+def record_mirror(config: dict[str, Any], now: float) -> None:
+    """Leave the record for the controller's stopped-disk prune (see the module's docstring), after the
+    training units checkpointed. Best effort: without it the prune keeps the VM, the safe side."""
+    if not config["metadata_url"]:
+        return
+    attribute = f"{config['guest_attribute'].split('/')[0]}/{MIRROR_KEY}"
+    try:
+        record = mirror_record(config["run_dir"], now)
+    except Exception as exc:  # a run folder that vanished mid-scan: no record, and the poweroff goes on
+        why = f"{type(exc).__name__}: {exc}"
+        log({"action": "record-mirror", "guest_attribute": attribute, "error": why})
+        return
+    outcome = put_guest_attribute(config, attribute, json.dumps(record, separators=(",", ":")).encode())
+    log({"action": "record-mirror", "guest_attribute": attribute, "runs": [c["run"] for c in record["runs"]],
+         "more": record["more"], **outcome})
 
 
 NOTIFY_TRIES = 3
@@ -882,12 +960,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--config", default="/etc/forja/autostop.json")
     parser.add_argument("--dry-run", action="store_true", help="decide and log, never stop")
+    parser.add_argument("--record-mirror", action="store_true",
+                        help="only leave the stopped-disk prune's record (forja/mirror) and exit: for a stop "
+                        "that is not autostop's, e.g. run before `forja down`")
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config)
     except ConfigError as exc:
         log({"decision": "error", "reasons": [str(exc)]})
         return 2
+    if args.record_mirror:
+        record_mirror(config, time.time())
+        return 0
     if args.dry_run:
         config["dry_run"] = True
     return run_once(config)

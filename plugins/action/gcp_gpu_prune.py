@@ -1,0 +1,12 @@
+"""Action plugin gcp_gpu_prune: the module's run() inside Ansible's process on the controller."""
+
+from __future__ import annotations
+
+from ansible_collections.forja.gpu.plugins.modules import gcp_gpu_prune
+from ansible_collections.forja.gpu.plugins.plugin_utils.forja_in_process import InProcessModuleAction
+
+
+class ActionModule(InProcessModuleAction):
+    """See plugin_utils/forja_in_process.py (in process: no module payload, forja's price table)."""
+
+    MODULE = gcp_gpu_prune

@@ -7,6 +7,13 @@ Why it is built this way:
   ``forja_vertex_run``), built by setuptools' own ``build_meta`` (no hand-made tarball), stored
   under the hash of what goes in (``gs://BUCKET/vertex/packages/<hash>/...``), so a second run of
   the same trainer and config builds and uploads nothing.
+* The user's own script goes the same way (``forja train --script --project --backend vertex``):
+  the sdist holds the trainer, the project as forja_bundle packs it for a VM (the same exclusions
+  and key checks) and the project's requirements as its dependencies, and each replica runs
+  ``trainer.vertex_launch``, which does on Vertex what the VM's forja-train-launch does (torchrun,
+  one process per GPU, the run contract), so ``trainer.runlib`` mirrors checkpoints and logs to
+  the same ``gs://BUCKET/vertex/runs/<run>/`` and resumes from there when Vertex restarts the job.
+  ``--image`` sends no package: the user's container runs with the contract in its environment.
 * The job goes through the one Vertex client, ``plugins/module_utils/forja_vertex.py`` (the
   forja.gpu.vertex_custom_job module's), loaded by path (forja/module_utils.py): the same body,
   the same machine-catalog check, the same states.
@@ -38,13 +45,15 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from forja import errors, module_utils, trainer_config
+from forja import errors, module_utils, trainer_config, vertex_job
 from forja import events as ev
 from forja.runs import RUN_NAME, TrainResult, config_hash, new_run_id, now
 from forja.vertex_job import (
     RUNS_PREFIX,
+    OwnCode,
     Package,
     VertexOptions,
+    check_requirements_resolve,
     content_hash,
     job_body,
     jobs_client,
@@ -52,6 +61,7 @@ from forja.vertex_job import (
     package_files,
     package_uri,
     project_of,
+    project_package_files,
     upload_package,
     vertex_module,
 )
@@ -82,13 +92,18 @@ class Submitted:
     job_name: str
     state: str
     run_prefix: str
-    package: Package
+    #: None for a user's image (nothing is uploaded).
+    package: Package | None
     bucket: str
 
 
-def submit(forja: Session, config: Path, run_id: str, options: VertexOptions) -> Submitted:
+def submit(
+    forja: Session, config: Path | None, run_id: str, options: VertexOptions, code: OwnCode | None = None
+) -> Submitted:
     """Check everything, upload the package if it is new, create the job. Nothing is built,
-    uploaded or created when the bucket, the project or the machine is wrong."""
+    uploaded or created when the bucket, the project, the script, its requirements, the image or
+    the machine is wrong. `code`: the user's own script (or image) instead of the built-in trainer
+    on `config`."""
     from forja import datasets
 
     where = datasets.settings(forja, options.bucket)
@@ -105,13 +120,25 @@ def submit(forja: Session, config: Path, run_id: str, options: VertexOptions) ->
     except push.DatasetError as exc:
         raise errors.ConfigError("bucket", exc.message.split(": ", 1)[1]) from None
     project = project_of(options, where)
-    files = package_files(config)
+    files: dict[str, bytes] = {}
+    deps: list[str] = []
+    if code is None:
+        assert config is not None
+        files = package_files(config)
+    elif not options.image:
+        files, deps = project_package_files(code)
     sha = content_hash(files)
     run_prefix = f"gs://{bucket}/{RUNS_PREFIX}{run_id}/"
-    body = job_body(run_id, options, package_uri(bucket, sha), f"gs://{bucket}/{RUNS_PREFIX.rstrip('/')}")
+    runs_url = f"gs://{bucket}/{RUNS_PREFIX.rstrip('/')}"
+    body = job_body(run_id, options, package_uri(bucket, sha), runs_url, code)
     client = push.make_client(where["project"] or project, where["emulator"], where["credentials_file"])
-    with storage_errors(bucket):
-        package = upload_package(client, bucket, files, sha)
+    package = None
+    if files:
+        with storage_errors(bucket):
+            name = package_uri(bucket, sha).removeprefix(f"gs://{bucket}/")
+            if deps and not client.bucket(bucket).blob(name).exists():
+                check_requirements_resolve(deps)  # a new package: its requirements, before the upload
+            package = upload_package(client, bucket, files, sha)
     with vertex_errors():
         job = jobs_client(project, options.region).create(body)
     return Submitted(run_id, job["name"], job.get("state", ""), run_prefix, package, bucket)
@@ -271,11 +298,12 @@ def status_of(job: dict[str, Any]) -> str:
 
 def fetch_results(forja: Session, bucket: str, run_id: str, dest: Path, checkpoints: bool = False) -> dict:
     """The run's logs and model from gs://BUCKET/vertex/runs/<run>/ into `dest` (checkpoints only if
-    asked); the summary: the trainer's own summary.json, which its mirror uploads beside the logs
+    asked; metrics.jsonl and events.jsonl also at the top, as a VM run's fetched folder has them);
+    the summary: the trainer's own summary.json, which its mirror uploads beside the logs
     (``logs/summary.json``, trainer.run_folder.SUMMARY), else (a trainer that did not upload it)
     the headline figures of the last metrics line."""
     from forja import datasets
-    from trainer.run_folder import CHECKPOINTS_DIR, LOGS_DIR, METRICS, SUMMARY
+    from trainer.run_folder import CHECKPOINTS_DIR, EVENTS, LOGS_DIR, METRICS, SUMMARY
     from trainer.summary import Summary
 
     where = datasets.settings(forja, f"gs://{bucket}")
@@ -292,6 +320,9 @@ def fetch_results(forja: Session, bucket: str, run_id: str, dest: Path, checkpoi
         path = dest / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         blob.download_to_filename(str(path))
+    for name in (METRICS, EVENTS):  # where a VM run's fetched folder has them: forja cost --run reads them
+        if (dest / LOGS_DIR / name).is_file():
+            (dest / name).write_bytes((dest / LOGS_DIR / name).read_bytes())
     uploaded = dest / LOGS_DIR / SUMMARY
     if uploaded.is_file():
         dest.mkdir(parents=True, exist_ok=True)
@@ -306,6 +337,33 @@ def fetch_results(forja: Session, bucket: str, run_id: str, dest: Path, checkpoi
     dest.mkdir(parents=True, exist_ok=True)
     (dest / SUMMARY).write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def note_rate(job: dict[str, Any], dest: Path) -> None:
+    """The job's machines' hourly rate, as ``price_per_hour`` in the fetched folder's config.yaml (where
+    `forja cost --run` reads a run's rate when no VM is named): every replica's machine at Compute
+    Engine's on-demand price in the job's region (forja's price table), a floor of what Vertex AI
+    bills (its custom training price adds a management fee per machine). A config.yaml the run
+    itself wrote is left alone; a machine the table does not price writes nothing."""
+    from forja.cost.prices import PriceError, load_prices
+    from forja.cost.spend import rate_of
+    from trainer.run_folder import CONFIG
+
+    if (dest / CONFIG).exists():
+        return
+    region = job.get("name", "").split("/")[3] if job.get("name", "").count("/") >= 3 else ""
+    try:
+        prices = load_prices(None)
+        usd = sum(rate_of(pool["machineSpec"]["machineType"], region, prices).usd_per_hour
+                  * int(pool.get("replicaCount") or 1)
+                  for pool in job.get("jobSpec", {}).get("workerPoolSpecs", []))  # fmt: skip
+    except (PriceError, ValueError, KeyError):
+        return
+    if usd > 0:
+        dest.mkdir(parents=True, exist_ok=True)
+        (dest / CONFIG).write_text("# The Vertex AI job's machines at Compute Engine's on-demand rate "
+                                   "(forja's price table), for forja cost --run\n"
+                                   f"price_per_hour: {usd:.6f}\n")
 
 
 def run_summary(forja: Session, bucket: str, run_id: str) -> dict[str, Any]:
@@ -376,6 +434,7 @@ def finish(
     if status == "completed" and fetch and bucket:
         artifact = forja.results_dir(run_id) / "vertex"
         summary = fetch_results(forja, bucket, run_id, artifact, checkpoints)
+        note_rate(job, artifact)
     message = (job.get("error") or {}).get("message")
     if job.get("state") == "JOB_STATE_FAILED":
         summary = run_summary(forja, bucket, run_id) if bucket else {}
@@ -387,6 +446,7 @@ def finish(
         status=status,
         hosts=hosts,
         ended_at=now(),
+        **({"artifact_dir": str(artifact)} if artifact is not None else {}),
         **summary_fields(summary),
         **({"message": message} if message else {}),
     )
@@ -413,6 +473,7 @@ def train(
     name: str | None,
     options: VertexOptions | None,
     unsupported: dict[str, Any],
+    own: dict[str, Any] | None = None,
     wait: bool,
     fetch: bool,
     checkpoints: bool,
@@ -422,41 +483,94 @@ def train(
     cancel: threading.Event | None,
 ) -> TrainResult:
     """`Forja.train(backend="vertex")`'s work: check, submit (recorded in the history), then watch.
-    `unsupported` holds train's options a Vertex run does not take yet; any one given is refused."""
-
+    What runs: the built-in trainer on `config`, the user's own script (`own["script"]` in
+    `own["project"]`, with `own["args"]`, `own["excludes"]`, `own["procs"]`, checked by `own["plan"]`,
+    forja.training.plan_run), or the user's image
+    (`options.image`, with `own["args"]`). `unsupported` holds train's options a Vertex run does not
+    take; any one given is refused."""
     for option, value in unsupported.items():
         if value:
             raise errors.ConfigError(
-                option,
-                "not taken by --backend vertex yet (the built-in trainer on a "
-                "config runs there); drop it, or train on the VM (--backend vm)",
+                option, "not taken by --backend vertex; drop it, or train on the VM (--backend vm)"
             )
-    path = Path(config).expanduser().resolve() if config is not None else None
-    if path is None or not path.is_file():
-        raise errors.ConfigError("config", f"{config} is not a file; give a trainer config YAML")
-    judged = trainer_config.judge(path)
-    run_id = name or new_run_id(path)
+    options = options or VertexOptions()
+    code, record = own_code(forja, config, options, own or {})
+    judged = trainer_config.judge(record) if code is None else None
+    run_id = name or new_run_id(record if record is not None else Path(options.image or "image"))
     if not RUN_NAME.match(run_id):
         raise errors.ConfigError("name", f"{run_id!r} must be 1-63 letters, digits, '-' or '_'")
-    options = options or VertexOptions()
-    forja.history.start(run_id, name=run_id, config_path=str(path), config_hash=config_hash(path))
+    forja.history.start(run_id, name=run_id, config_path=str(record or options.image),
+                        config_hash=config_hash(record) if record else None)  # fmt: skip
     try:
-        sent = submit(forja, path, run_id, options)
+        sent = submit(forja, record if code is None else None, run_id, options, code)
     except BaseException as exc:
         forja.history.update(run_id, status="failed", ended_at=now(), message=f"not submitted: {exc}")
         raise
     forja.history.update(run_id, hosts=[sent.job_name])
-    said = "uploaded" if sent.package.uploaded else "already in the bucket"
-    emit(ev.Announcement(0, host="vertex", text=f"package {sent.package.uri} ({said})"))
+    if sent.package is not None:
+        said = "uploaded" if sent.package.uploaded else "already in the bucket"
+        emit(ev.Announcement(0, host="vertex", text=f"package {sent.package.uri} ({said})"))
+    else:
+        emit(ev.Announcement(0, host="vertex", text=f"image {options.image}"))
     emit(ev.Announcement(0, host="vertex", text=f"job {sent.job_name}; results go to {sent.run_prefix}"))
     if not wait:
         forja.history.record_event(run_id, "detached", reason="detach")
         return TrainResult(run_id, "running", [sent.job_name], {}, None, detached="detach",
-                           unchecked=judged.unchecked)
+                           unchecked=judged.unchecked if judged else ())
     job, detached = watch(sent.job_name, options, sent.job_name.split("/")[1], emit=emit,
                           poll_s=poll_s or POLL_S, timeout_s=timeout_s, cancel=cancel)  # fmt: skip
     ended = finish(forja, run_id, job, detached, fetch=fetch, checkpoints=checkpoints)
-    return dataclasses.replace(ended, unchecked=judged.unchecked)
+    return dataclasses.replace(ended, unchecked=judged.unchecked if judged else ())
+
+
+def own_code(
+    forja: Session, config: str | Path | None, options: VertexOptions, own: dict[str, Any]
+) -> tuple[OwnCode | None, Path | None]:
+    """What a Vertex run runs, checked before anything is sent: (None, the config) for the built-in
+    trainer, (OwnCode, the script) for the user's script in the project, (OwnCode, None) for the
+    user's image. The script is checked as for a VM: by `own["plan"]`, forja.training.plan_run (a
+    file inside the project), which forja.training hands down (this module is below it)."""
+    script, args, project = own.get("script"), [str(a) for a in own.get("args") or ()], own.get("project")
+    excludes, procs = tuple(own.get("excludes") or ()), own.get("procs")
+    if options.image:
+        for option, value in (("script", script), ("project", project), ("config", config)):
+            if value:
+                raise errors.ConfigError(
+                    option, f"--image runs your image's own entrypoint ({options.image}): nothing of the "
+                    "project is sent; give the entrypoint's arguments after --, or drop --image to send "
+                    "your script with the project"
+                )
+        if excludes:
+            raise errors.ConfigError("excludes", "--image sends no project; drop --exclude")
+        code = OwnCode(args=tuple(args), procs=procs)
+        vertex_job.procs_per_replica(options, code)  # a bad --procs: before anything
+        return code, None
+    if script is None:
+        for option, value in (("args", args), ("procs", procs), ("excludes", excludes)):
+            if value:
+                raise errors.ConfigError(
+                    option, "is for your own script on Vertex (--script with --project); the built-in "
+                    "trainer on a config takes its settings from the config"
+                )
+        path = Path(config).expanduser().resolve() if config is not None else None
+        if path is None or not path.is_file():
+            raise errors.ConfigError("config", f"{config} is not a file; give a trainer config YAML, or "
+                                     "your own script with --script (or an image with --image)")
+        return None, path
+    if config is not None:
+        raise errors.ConfigError(
+            "config", "a config is the built-in trainer's; on Vertex your script takes its settings as "
+            "arguments after -- (forja train --script train.py --backend vertex -- --lr 3e-4)"
+        )
+    project_dir = Path(project).expanduser().resolve() if project else (
+        forja.project_dir if forja.send_project else None)  # fmt: skip
+    if project_dir is not None and not project_dir.is_dir():
+        raise errors.ConfigError("project", f"{project} is not a folder")
+    plan = own["plan"](None, script, args, project_dir)
+    relative, *_ = plan.extravars["trainer_run_command"]
+    code = OwnCode(project_dir, relative, tuple(args), excludes, procs)
+    vertex_job.procs_per_replica(options, code)
+    return code, plan.name_source
 
 
 def follow_run(

@@ -20,6 +20,7 @@ from tabulate import tabulate  # the project's own dependency (requirements.txt)
 from torch.nn.parallel import DistributedDataParallel
 
 from trainer import runlib
+from trainer.run_folder import MODEL_DIR
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -90,6 +91,9 @@ def main(argv: list[str]) -> int:
             if stop:
                 break
     if run.is_main and run.status == "completed":
+        # The model where forja fetches it from (on Vertex AI, the launcher uploads it to the bucket).
+        (run.run_dir / MODEL_DIR).mkdir(exist_ok=True)
+        torch.save(net.state_dict(), run.run_dir / MODEL_DIR / "model.pt")
         rows = [["steps", run.step], ["final loss", f"{run.final_loss:.5f}"], ["processes", world.size]]
         print(tabulate(rows, headers=["own-loop", ""]), flush=True)
     return run.exit_code

@@ -7,6 +7,7 @@ job still going first.
 from __future__ import annotations
 
 import argparse
+import shlex
 import signal
 import threading
 from pathlib import Path
@@ -22,7 +23,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--test-host", type=int, action="append", default=[], metavar="N",
                         help="run replicas on test host thN (booted with the Deep Learning VM image; repeat "
                              "it for more hosts; default: local processes)")  # fmt: skip
+    parser.add_argument("--image", action="append", default=[], metavar="URI=COMMAND",
+                        help="the entrypoint a container of image URI runs when the job gives no command "
+                             "(the emulator pulls no image), e.g. "
+                             "--image us-docker.pkg.dev/p/r/train:1='python3 /app/train.py'; repeat it per "
+                             "image",
+                        )  # fmt: skip
     args = parser.parse_args(argv)
+    images = {}
+    for given in args.image:
+        uri, sep, command = given.partition("=")
+        if not sep or not uri or not command.strip():
+            parser.error(f"--image {given!r}: give URI=COMMAND")
+        images[uri] = shlex.split(command)
     hosts: tuple = ()
     if args.test_host:
         from forja_sandbox import testhosts
@@ -31,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    with VertexEmulator(args.host, args.port, args.work_dir, hosts) as emulator:
+    with VertexEmulator(args.host, args.port, args.work_dir, hosts, images) as emulator:
         print(emulator.url, flush=True)
         stop.wait()
     return 0

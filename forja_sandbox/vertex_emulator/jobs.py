@@ -23,11 +23,13 @@ import contextlib
 import itertools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
@@ -87,6 +89,12 @@ class Replica:
     remote_dir: str = ""
     #: The threads turning its stdout and stderr into log lines and entries.
     pumps: list[threading.Thread] = field(default_factory=list)
+    #: What it runs, kept to start it again when Vertex would restart it (a lost VM).
+    argv: list[str] = field(default_factory=list)
+    env: dict[str, str] | None = None
+    #: Its working folder (its own, as each Vertex replica has its own machine); a restart empties it.
+    cwd: Path | None = None
+    restarts: int = 0
 
     @property
     def label(self) -> str:
@@ -105,6 +113,10 @@ class Job:
     replicas: list[Replica] = field(default_factory=list)
     #: Package URIs already pip-installed into ``folder/packages`` (replicas share one install).
     installed: set[str] = field(default_factory=set)
+    #: Image URI -> its entrypoint: the images this emulator "has" (it pulls none; see its README).
+    images: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    #: Labels of replicas whose machine failed (JobStore.fail_replica), for the driver to restart.
+    lost: set[str] = field(default_factory=set)
     cancel_asked: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -131,10 +143,14 @@ class Job:
 class JobStore:
     """All jobs of one emulator, by full resource name, in creation order."""
 
-    def __init__(self, work_dir: Path, logs: LogStore, hosts: tuple[Host, ...] = ()) -> None:
+    def __init__(
+        self, work_dir: Path, logs: LogStore, hosts: tuple[Host, ...] = (),
+        images: Mapping[str, Sequence[str]] | None = None,
+    ) -> None:  # fmt: skip
         self.work_dir = work_dir
         self.logs = logs
         self.hosts = hosts
+        self.images = dict(images or {})
         self._jobs: dict[str, Job] = {}
         self._lock = threading.Lock()
 
@@ -147,7 +163,7 @@ class JobStore:
         proto.state = JobState.JOB_STATE_QUEUED
         proto.create_time = proto.update_time = _now()
         job = Job(proto=proto, region=region, folder=self.work_dir / "jobs" / job_id, logs=self.logs,
-                  hosts=self.hosts)  # fmt: skip
+                  hosts=self.hosts, images=self.images)  # fmt: skip
         job.folder.mkdir(parents=True)
         with self._lock:
             self._jobs[name] = job
@@ -176,6 +192,17 @@ class JobStore:
             job.proto.state = JobState.JOB_STATE_CANCELLING
             job.proto.update_time = _now()
         job.cancel_asked.set()
+
+    def fail_replica(self, name: str, label: str) -> None:
+        """The machine of one replica fails (a host error, a lost VM): its processes are killed at
+        once and, as Vertex does, the replica is started again on a fresh disk; with the job's
+        ``scheduling.restartJobOnWorkerRestart`` every replica is restarted with it. Not an API
+        call: a test's stand-in for Google's side of a failure (Vertex has no call for it)."""
+        job = self.job(name)
+        if label not in {r.label for r in job.replicas}:
+            raise not_found(f'replica "{label}" of CustomJob "{name}"')
+        with job.lock:
+            job.lost.add(label)
 
     def stop_all(self, timeout: float = STOP_GRACE_S + 2) -> None:
         """Cancel every job still going and wait for its processes (the emulator is stopping)."""
@@ -220,6 +247,7 @@ def _run(job: Job) -> None:
     deadline = time.monotonic() + timeout_s if timeout_s else None
     primary = job.replicas[0]
     while not job.cancel_asked.wait(STEP_S):
+        _restart_lost(job)
         failed = next((r for r in job.replicas if r.proc and r.proc.poll() not in (None, 0)), None)
         if failed is not None:
             _stop_replicas(job)
@@ -250,7 +278,13 @@ def _wait_peers(job: Job) -> None:
 
 def _stop_replicas(job: Job) -> None:
     """SIGTERM every replica's process group, SIGKILL what is left after STOP_GRACE_S."""
-    running = [r for r in job.replicas if r.proc and r.proc.poll() is None]
+    _stop(job, job.replicas)
+
+
+def _stop(job: Job, replicas: list[Replica]) -> None:
+    """SIGTERM these replicas' process groups, SIGKILL what is left after STOP_GRACE_S; their
+    output read to the end."""
+    running = [r for r in replicas if r.proc and r.proc.poll() is None]
     for replica in running:
         _signal(replica, signal.SIGTERM)
     deadline = time.monotonic() + STOP_GRACE_S
@@ -259,16 +293,42 @@ def _stop_replicas(job: Job) -> None:
         try:
             replica.proc.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            _signal(replica, signal.SIGKILL)
+            _signal(replica, signal.SIGKILL, tree=True)
             replica.proc.wait()
     deadline = time.monotonic() + DRAIN_S
-    for pump in (p for r in job.replicas for p in r.pumps):
+    for pump in (p for r in replicas for p in r.pumps):
         pump.join(max(0.0, deadline - time.monotonic()))
 
 
-def _signal(replica: Replica, sig: signal.Signals) -> None:
-    """The replica's process group: on its test host (there, then the local ssh on SIGKILL), or here."""
+def _restart_lost(job: Job) -> None:
+    """Replicas whose machine failed start again, on a fresh working folder: every replica when
+    the job asks for it (restartJobOnWorkerRestart; the others are stopped first), else only those."""
+    with job.lock:
+        lost, job.lost = set(job.lost), set()
+    if not lost:
+        return
+    spec = job.proto.job_spec
+    everyone = "scheduling" in spec and spec.scheduling.restart_job_on_worker_restart
+    again = job.replicas if everyone else [r for r in job.replicas if r.label in lost]
+    for replica in (r for r in again if r.label in lost and r.proc and r.proc.poll() is None):
+        _signal(replica, signal.SIGKILL, tree=True)  # its machine is gone: nothing gets to save
+    _stop(job, again)
+    for replica in again:
+        replica.restarts += 1
+        job.logs.append(job.proto.name.split("/")[1], job.proto.name.rsplit("/", 1)[1], replica.label,
+                        f"The replica {replica.label} is restarted (restart {replica.restarts}).", True)
+        _launch(job, replica)
+
+
+def _signal(replica: Replica, sig: signal.Signals, tree: bool = False) -> None:
+    """The replica's process group: on its test host (there, then the local ssh on SIGKILL), or here;
+    with ``tree``, every process below it too (torchrun's workers lead sessions of their own, which a
+    signal to the group misses; a machine that fails takes them all)."""
     assert replica.proc is not None
+    if tree and replica.host is None:
+        for pid in _descendants(replica.proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
     if replica.host is not None:
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):
             remote.signal_replica(replica.host, replica.remote_dir, sig)
@@ -276,6 +336,21 @@ def _signal(replica: Replica, sig: signal.Signals) -> None:
             return
     with contextlib.suppress(ProcessLookupError):
         os.killpg(replica.proc.pid, sig)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, from /proc (their parent ids)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(parent, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
 
 
 def _pump(job: Job, replica: Replica, stream: IO[bytes], stderr: bool) -> None:
@@ -289,12 +364,25 @@ def _pump(job: Job, replica: Replica, stream: IO[bytes], stderr: bool) -> None:
 
 
 # -- replicas ------------------------------------------------------------------------------------
-def replica_command(pool: WorkerPoolSpec) -> list[str]:
-    """What one replica of ``pool`` runs: the package's module with this Python, or the command."""
+class ImageNotPulled(OSError):
+    """A container whose image the emulator does not have and whose command is not given."""
+
+
+def replica_command(pool: WorkerPoolSpec, images: Mapping[str, Sequence[str]] | None = None) -> list[str]:
+    """What one replica of ``pool`` runs: the package's module with this Python, or the container's
+    command, else its image's entrypoint as the emulator was given it (it pulls no image)."""
     if "python_package_spec" in pool:
         spec = pool.python_package_spec
         return [sys.executable, "-m", spec.python_module, *spec.args]
-    return [*pool.container_spec.command, *pool.container_spec.args]
+    spec = pool.container_spec
+    entrypoint = list(spec.command) or list((images or {}).get(spec.image_uri, ()))
+    if not entrypoint:
+        raise ImageNotPulled(
+            f"Unable to pull the image {spec.image_uri}: the sandbox pulls and runs no images; give the "
+            "container a command, or the emulator the image's entrypoint (VertexEmulator(images={URI: "
+            "[COMMAND, ...]}), --image URI=COMMAND)."
+        )
+    return [*entrypoint, *spec.args]
 
 
 def package_path(uri: str) -> Path:
@@ -340,9 +428,36 @@ def _python_path(job: Job, pool: WorkerPoolSpec) -> list[str]:
                  "--no-build-isolation", "--disable-pip-version-check", "--target", str(target), str(path)],
                 check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             )  # fmt: skip
+            _install_requirements(target)
             job.installed.add(uri)
         paths.append(str(target))
     return paths
+
+
+def _install_requirements(target: Path) -> None:
+    """The installed packages' own requirements that the emulator's Python lacks, pip-installed into
+    ``target`` (from the index pip is configured with). A requirement that is installed at another
+    version is used as it is: the replicas share the emulator's Python (see its README)."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    missing = []
+    for dist in metadata.distributions(path=[str(target)]):
+        for line in dist.requires or []:
+            req = Requirement(line)
+            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+                continue
+            try:
+                metadata.distribution(req.name)
+            except metadata.PackageNotFoundError:
+                missing.append(str(req))
+    if missing:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--target",
+             str(target), *sorted(set(missing))],
+            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )  # fmt: skip
 
 
 def output_dirs(job: Job) -> dict[str, str]:
@@ -406,7 +521,7 @@ def _start_replicas(job: Job) -> None:
             "job": job_json,
         })  # fmt: skip
         extra = _python_path(job, pool)
-        command = replica_command(pool)
+        command = replica_command(pool, job.images)
         if replica.host is not None:
             extra = remote.ship(replica.host, extra, replica.remote_dir) if extra else []
             if "python_package_spec" in pool:
@@ -415,17 +530,27 @@ def _start_replicas(job: Job) -> None:
             env = {**os.environ, **env}
         if extra:
             env["PYTHONPATH"] = os.pathsep.join([*extra, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-        argv = command
+        replica.argv = command
         if replica.host is not None:
-            argv = remote.replica_argv(replica.host, replica.remote_dir, command, env)
+            replica.argv = remote.replica_argv(replica.host, replica.remote_dir, command, env)
+        replica.env = env if replica.host is None else None
+        replica.cwd = job.folder / replica.label
         replica.log.write_bytes(b"")
-        replica.proc = proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=env if replica.host is None else None, cwd=job.folder, start_new_session=True,
-        )  # fmt: skip
-        for stream, is_err in ((proc.stdout, False), (proc.stderr, True)):
-            assert stream is not None
-            pump = threading.Thread(target=_pump, args=(job, replica, stream, is_err), daemon=True,
-                                    name=f"vertex-log-{replica.label}")  # fmt: skip
-            pump.start()
-            replica.pumps.append(pump)
+        _launch(job, replica)
+
+
+def _launch(job: Job, replica: Replica) -> None:
+    """Start (or start again) one replica in its own empty working folder, its output pumped."""
+    assert replica.cwd is not None
+    shutil.rmtree(replica.cwd, ignore_errors=True)
+    replica.cwd.mkdir(parents=True)
+    replica.proc = proc = subprocess.Popen(
+        replica.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=replica.env, cwd=replica.cwd, start_new_session=True,
+    )  # fmt: skip
+    for stream, is_err in ((proc.stdout, False), (proc.stderr, True)):
+        assert stream is not None
+        pump = threading.Thread(target=_pump, args=(job, replica, stream, is_err), daemon=True,
+                                name=f"vertex-log-{replica.label}")  # fmt: skip
+        pump.start()
+        replica.pumps.append(pump)

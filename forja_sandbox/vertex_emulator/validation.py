@@ -70,16 +70,8 @@ def check_custom_job(job: CustomJob, region: str) -> None:
         has_package = "python_package_spec" in pool
         if has_container == has_package:
             problems.append((f"{where}.task", "One of container_spec or python_package_spec is required."))
-        if has_container:
-            if not pool.container_spec.image_uri:
-                problems.append((f"{where}.container_spec.image_uri", "Required field is not set."))
-            if not pool.container_spec.command:
-                problems.append(
-                    (
-                        f"{where}.container_spec.command",
-                        "The emulator runs no images: a command is required (see the emulator's README).",
-                    )
-                )
+        if has_container and not pool.container_spec.image_uri:
+            problems.append((f"{where}.container_spec.image_uri", "Required field is not set."))
         if has_package:
             spec = pool.python_package_spec
             for name in ("executor_image_uri", "python_module"):

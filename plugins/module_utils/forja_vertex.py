@@ -11,6 +11,7 @@ Machine and accelerator are checked against forja's one machine catalog before a
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -46,6 +47,45 @@ PRESENT_STATES = (*RUNNING_STATES, "JOB_STATE_SUCCEEDED")
 
 class VertexSpecError(ValueError):
     """A worker pool that cannot work; the message names the option and the fix."""
+
+
+#: A container image reference, [HOST/]PATH[:TAG][@sha256:DIGEST] (the Docker reference grammar):
+#: the first part is a registry host when it has a dot or a port (or is localhost), else the name is
+#: Docker Hub's; the repository path is lower case, as both Google registries require.
+_IMAGE_URI = re.compile(
+    r"^((?P<host>([a-z0-9-]+\.)+[a-z0-9-]+(:[0-9]+)?|[a-z0-9.-]+:[0-9]+|localhost)/)?"
+    r"(?P<path>[a-z0-9]+([._-]+[a-z0-9]+)*(/[a-z0-9]+([._-]+[a-z0-9]+)*)*)"
+    r"(:(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?(@sha256:(?P<digest>[0-9a-f]{64}))?$"
+)
+IMAGE_EXAMPLE = "us-central1-docker.pkg.dev/PROJECT/REPOSITORY/IMAGE:TAG"
+
+
+def check_image_uri(uri: str, field: str) -> None:
+    """Refuse an image Vertex AI cannot pull, before anything is sent: the reference's form, and
+    its registry, which must be Artifact Registry (``REGION-docker.pkg.dev/PROJECT/REPO/IMAGE``) or
+    Container Registry (``gcr.io``, ``us.gcr.io`` ... ``/PROJECT/IMAGE``): Vertex's custom training
+    pulls from those two only (Docker Hub and other registries fail at the pull, after queueing)."""
+    found = _IMAGE_URI.match(uri or "")
+    if not found:
+        raise VertexSpecError(
+            f"{field}: {uri!r} is not an image reference; give HOST/PATH[:TAG] or HOST/PATH@sha256:DIGEST, "
+            f"e.g. {IMAGE_EXAMPLE}"
+        )
+    host, parts = found["host"] or "docker.io", found["path"].split("/")
+    if host.endswith("-docker.pkg.dev"):
+        if len(parts) < 3:
+            raise VertexSpecError(
+                f"{field}: {uri!r}: an Artifact Registry image is {host}/PROJECT/REPOSITORY/IMAGE, "
+                f"e.g. {IMAGE_EXAMPLE}"
+            )
+    elif host == "gcr.io" or host.endswith(".gcr.io"):
+        if len(parts) < 2:
+            raise VertexSpecError(f"{field}: {uri!r}: a Container Registry image is {host}/PROJECT/IMAGE")
+    else:
+        raise VertexSpecError(
+            f"{field}: {uri!r} is in the registry {host}, which Vertex AI cannot pull from; push the "
+            f"image to Artifact Registry (e.g. {IMAGE_EXAMPLE}) or Container Registry (gcr.io/PROJECT/IMAGE)"
+        )
 
 
 def api_url(region: str, given: str | None, env: dict[str, str]) -> str:
@@ -101,6 +141,7 @@ def worker_pool(pool: dict[str, Any], index: int, env: dict[str, str]) -> dict[s
             "env": variables,
         }
     else:
+        check_image_uri(container["image_uri"], f"{where}.container.image_uri")
         spec["containerSpec"] = {
             "imageUri": container["image_uri"],
             "command": list(container.get("command") or []),

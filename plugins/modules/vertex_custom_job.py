@@ -118,7 +118,10 @@ options:
         type: dict
         suboptions:
           image_uri:
-            description: The image.
+            description:
+              - The image, in Artifact Registry (C(REGION-docker.pkg.dev/PROJECT/REPOSITORY/IMAGE[:TAG])) or
+                Container Registry (C(gcr.io/PROJECT/IMAGE), C(us.gcr.io/...)), the registries Vertex AI
+                pulls from; any other form or registry is refused before the job is sent.
             type: str
             required: true
           command:

@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,35 +28,11 @@ from forja.cli import app
 from forja.errors import ConfigError, ExitCode
 from forja.history import History
 from forja.vertex_job import VertexOptions
-from forja_sandbox.storage_emulator import StorageEmulator
 from forja_sandbox.vertex_emulator import VertexEmulator
 from trainer import run_folder
 
 storage = pytest.importorskip("google.cloud.storage")
 PARENT = "projects/forja-sandbox/locations/us-central1"
-
-
-@pytest.fixture(scope="module")
-def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StorageEmulator]:
-    with StorageEmulator(data_dir=tmp_path_factory.mktemp("gcs")) as running:
-        yield running
-
-
-@pytest.fixture
-def sandbox(
-    emulator: VertexEmulator, gcs: StorageEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> VertexEmulator:
-    """Both emulators named the way forja and the replicas find them (their documented settings)."""
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs.url)
-    monkeypatch.setenv("FORJA_VERTEX_API_URL", f"{emulator.url}/v1/")
-    monkeypatch.setenv("FORJA_LOGGING_API_URL", f"{emulator.url}/v2/")  # Cloud Logging, same port
-    monkeypatch.setenv("FORJA_GCP_PROJECT", "forja-sandbox")
-    monkeypatch.setenv("FORJA_GCP_ACCESS_TOKEN", "sandbox-token")  # the emulator takes any bearer token
-    monkeypatch.setenv("FORJA_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the replica's torch: one thread on the 2-core CI box
-    for name in ("FORJA_INVENTORY", "ANSIBLE_INVENTORY", "FORJA_CHECKPOINT_BUCKET", "FORJA_RUN"):
-        monkeypatch.delenv(name, raising=False)
-    return emulator
 
 
 def new_bucket(name: str) -> Any:

@@ -40,7 +40,8 @@ def package_pool(**machine: object) -> dict:
 def command_pool(code: str) -> dict:
     return {
         "machine_type": "n1-standard-4",
-        "container": {"image_uri": "python:3.11", "command": [sys.executable, "-c", code]},
+        "container": {"image_uri": "us-docker.pkg.dev/forja-sandbox/images/python:3.11",
+                      "command": [sys.executable, "-c", code]},
     }
 
 

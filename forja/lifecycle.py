@@ -52,7 +52,7 @@ def down(
     Nothing asks to confirm, so scripts and cron run it as they are."""
     if delete:
         plan = plan or deletion.plan(session, extravars)
-        session.fan_out()(ev.Announcement(host="forja", text=plan.text()))
+        session.fan_out()(ev.Announcement(0, host="forja", text=plan.text()))
     return session.run("teardown.yml", {**(extravars or {}), "forja_teardown_delete": delete})
 
 

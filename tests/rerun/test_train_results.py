@@ -53,7 +53,7 @@ PLAY = """
         paths: "{{{{ trainer_run_out_root }}}}/{{{{ trainer_run_name }}}}"
         patterns: >-
           {{{{ ['*'] if trainer_run_fetch_checkpoints | bool
-             else ['*.json', '*.jsonl', '*.yaml', '*.txt', '*.csv', '*.png']
+             else ['*.json', '*.jsonl', '*.yaml', '*.txt', '*.csv', '*.png', 'hook.log']
                   + (['*.safetensors'] if trainer_run_fetch_model | bool else []) }}}}
         excludes: [".lock", "*.tmp*"]
         recurse: true

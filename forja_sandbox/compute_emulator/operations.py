@@ -52,6 +52,23 @@ class InstanceBackend(Protocol):
     def delete(self, instance: Json) -> None: ...
 
 
+class Loopback:
+    """A backend whose every instance is reached at 127.0.0.1: for tests that play each VM's guest
+    themselves (its metadata server, its SSH), with no test host behind it."""
+
+    def create(self, instance: Json) -> str:
+        return "127.0.0.1"
+
+    def start(self, instance: Json) -> str:
+        return "127.0.0.1"
+
+    def stop(self, instance: Json) -> None:
+        return None
+
+    def delete(self, instance: Json) -> None:
+        return None
+
+
 @dataclasses.dataclass
 class Call:
     method: Method

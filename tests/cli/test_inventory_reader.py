@@ -31,6 +31,7 @@ from forja.cli import app
 from forja.errors import ExitCode
 from forja_sandbox.compute_emulator import ComputeEmulator
 from forja_sandbox.compute_emulator.metadata_server import MetadataServer
+from forja_sandbox.compute_emulator.operations import Loopback
 
 REPO = Path(__file__).resolve().parents[2]
 PROJECT = "forja-sandbox"
@@ -118,20 +119,6 @@ def _call(emu: ComputeEmulator, method: str, path: str, body: dict[str, Any] | N
     return done
 
 
-class Loopback:
-    """A backend whose instances are reached at 127.0.0.1: this test plays the VM's guest."""
-
-    def create(self, instance: dict[str, Any]) -> str:
-        return "127.0.0.1"
-
-    def start(self, instance: dict[str, Any]) -> str:
-        return "127.0.0.1"
-
-    def stop(self, instance: dict[str, Any]) -> None:
-        return None
-
-    def delete(self, instance: dict[str, Any]) -> None:
-        return None
 
 
 def _autostop_agent() -> Any:

@@ -12,7 +12,6 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 from typer.testing import CliRunner
 
 from forja import host_contract
@@ -23,16 +22,6 @@ from forja.training import plan_hooks
 
 REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
-
-
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A private forja home, and an inventory named (FORJA_INVENTORY) that has no GPU host."""
-    monkeypatch.setenv("FORJA_HOME", str(tmp_path / "home"))
-    empty = tmp_path / "no-hosts.yml"
-    empty.write_text(yaml.safe_dump({"all": {"children": {"forja_gpu": {"hosts": {}}}}}))
-    monkeypatch.setenv("FORJA_INVENTORY", str(empty))
-    return tmp_path / "home"
 
 
 @pytest.fixture

@@ -125,17 +125,3 @@ def eventually(predicate: Any, timeout: float = 5.0) -> Any:
     raise AssertionError("condition not reached in time")
 
 
-class Loopback:
-    """A backend whose every instance is reached at 127.0.0.1 (the test plays the guest)."""
-
-    def create(self, instance: dict[str, Any]) -> str:
-        return "127.0.0.1"
-
-    def start(self, instance: dict[str, Any]) -> str:
-        return "127.0.0.1"
-
-    def stop(self, instance: dict[str, Any]) -> None:
-        return None
-
-    def delete(self, instance: dict[str, Any]) -> None:
-        return None

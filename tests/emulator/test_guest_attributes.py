@@ -15,12 +15,13 @@ from typing import Any
 import google.oauth2.credentials
 import pytest
 import requests
-from emulator_helpers import PROJECT, ZONE, Client, Loopback, small_body
+from emulator_helpers import PROJECT, ZONE, Client, small_body
 from googleapiclient.discovery import build_from_document
 from googleapiclient.errors import HttpError
 
 from forja_sandbox.compute_emulator import ComputeEmulator
 from forja_sandbox.compute_emulator.metadata_server import MetadataServer
+from forja_sandbox.compute_emulator.operations import Loopback
 from forja_sandbox.compute_emulator.schema import discovery
 
 ENABLED = {"items": [{"key": "enable-guest-attributes", "value": "TRUE"}]}

@@ -13,10 +13,11 @@ from collections.abc import Iterator
 
 import pytest
 import requests
-from emulator_helpers import PROJECT, ZONE, Client, Loopback, small_body
+from emulator_helpers import PROJECT, ZONE, Client, small_body
 
 from forja_sandbox.compute_emulator import ComputeEmulator
 from forja_sandbox.compute_emulator.metadata_server import MetadataServer
+from forja_sandbox.compute_emulator.operations import Loopback
 
 GUEST = {"Metadata-Flavor": "Google"}
 KEYS = "ansible:ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOnlyATestKeyForTheMetadataServer ansible@ctl"

@@ -17,11 +17,12 @@ from urllib.parse import quote
 import google.auth.jwt
 import pytest
 import requests
-from emulator_helpers import PROJECT, Client, Loopback, small_body
+from emulator_helpers import PROJECT, Client, small_body
 from google.auth.transport.requests import AuthorizedSession
 
 from forja_sandbox.compute_emulator import ComputeEmulator
 from forja_sandbox.compute_emulator.metadata_server import MetadataServer
+from forja_sandbox.compute_emulator.operations import Loopback
 
 GUEST = {"Metadata-Flavor": "Google"}
 

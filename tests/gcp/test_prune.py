@@ -33,6 +33,7 @@ from forja import events, module_utils
 from forja.api import Forja
 from forja.history import History
 from forja_sandbox.compute_emulator.metadata_server import MetadataServer
+from forja_sandbox.compute_emulator.operations import Loopback
 from forja_sandbox.storage_emulator import StorageEmulator
 
 PROJECT = "forja-sandbox"
@@ -62,20 +63,6 @@ def fresh_urllib_opener() -> Iterator[None]:
     urllib.request.install_opener(None)
 
 
-class Loopback:
-    """A backend whose instances are reached at 127.0.0.1: this test plays each VM's guest in turn."""
-
-    def create(self, instance: dict[str, Any]) -> str:
-        return "127.0.0.1"
-
-    def start(self, instance: dict[str, Any]) -> str:
-        return "127.0.0.1"
-
-    def stop(self, instance: dict[str, Any]) -> None:
-        return None
-
-    def delete(self, instance: dict[str, Any]) -> None:
-        return None
 
 
 class Receiver(BaseHTTPRequestHandler):

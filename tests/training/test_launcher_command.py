@@ -19,8 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-import yaml
-from trainer_helpers import subprocess_env
+from trainer_helpers import launcher_env
 
 from trainer import exit_codes, run_folder
 
@@ -33,23 +32,10 @@ pytestmark = pytest.mark.skipif(
 
 def launcher(tmp_path: Path, command: list[str], nproc: int, grace: int = 20) -> subprocess.Popen[str]:
     """Start the launcher for a run spec holding ``command`` (stdout and stderr together)."""
-    spec = tmp_path / "run.yaml"
-    spec.write_text(yaml.safe_dump({"command": command, "mine": 1}))
     project = tmp_path / "project"
     project.mkdir(exist_ok=True)
-    env = subprocess_env(
-        FORJA_RUN="own",
-        FORJA_OUT=str(tmp_path / "out"),
-        FORJA_CODE=str(REPO),
-        FORJA_CONFIG=str(spec),
-        FORJA_PYTHON=sys.executable,
-        FORJA_NNODES="1",
-        FORJA_NODE_RANK="0",
-        FORJA_NPROC_PER_NODE=str(nproc),
-        FORJA_STOP_GRACE_S=str(grace),
-        FORJA_PROJECT_DIR=str(project),
-        FORJA_PRICE_PER_HOUR="0.5",
-    )
+    env = launcher_env(tmp_path, "own", {"command": command, "mine": 1}, project, nproc=nproc, grace=grace,
+                       FORJA_PRICE_PER_HOUR="0.5")
     return subprocess.Popen(
         ["bash", str(LAUNCHER)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )

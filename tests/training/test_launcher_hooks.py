@@ -22,9 +22,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-import yaml
 from state_reader import state_reader
-from trainer_helpers import subprocess_env
+from trainer_helpers import launcher_env
 
 from forja import following, runstate
 from trainer import exit_codes, run_folder
@@ -90,20 +89,8 @@ def project_with(tmp_path: Path, hooks: dict[str, str]) -> Path:
 
 def env_for(tmp_path: Path, project: Path, hooks: dict[str, str], grace: int, timeout: int) -> dict[str, str]:
     """The launcher's environment: what the role's env file (run.env.j2) gives it."""
-    spec = tmp_path / "run.yaml"
-    spec.write_text(yaml.safe_dump({"command": ["run.py"]}))
-    return subprocess_env(
-        FORJA_RUN="hooked",
-        FORJA_OUT=str(tmp_path / "out"),
-        FORJA_CODE=str(REPO),
-        FORJA_CONFIG=str(spec),
-        FORJA_PYTHON=sys.executable,
-        FORJA_NNODES="1",
-        FORJA_NODE_RANK="0",
-        FORJA_NPROC_PER_NODE="1",
-        FORJA_STOP_GRACE_S=str(grace),
-        FORJA_PROJECT_DIR=str(project),
-        FORJA_HOOK_TIMEOUT_S=str(timeout),
+    return launcher_env(
+        tmp_path, "hooked", {"command": ["run.py"]}, project, grace=grace, FORJA_HOOK_TIMEOUT_S=str(timeout),
         **{f"FORJA_HOOK_{event.upper()}": path for event, path in hooks.items()},
     )
 

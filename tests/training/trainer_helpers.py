@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,21 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(HERE), env.get("PYTHONPATH", "")])
     env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **extra})
     return env
+
+
+def launcher_env(tmp_path: Path, run: str, spec: dict[str, Any], project: Path, *, nproc: int = 1,
+                 grace: int = 20, **extra: str) -> dict[str, str]:
+    """forja-train-launch's environment, as the role's env file (run.env.j2) gives it, for one node
+    running `spec` (the run spec, written to tmp_path/run.yaml) from `project`."""
+    import yaml
+
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return subprocess_env(
+        FORJA_RUN=run, FORJA_OUT=str(tmp_path / "out"), FORJA_CODE=str(REPO), FORJA_CONFIG=str(path),
+        FORJA_PYTHON=sys.executable, FORJA_NNODES="1", FORJA_NODE_RANK="0", FORJA_NPROC_PER_NODE=str(nproc),
+        FORJA_STOP_GRACE_S=str(grace), FORJA_PROJECT_DIR=str(project), **extra,
+    )
 
 
 def tiny_digits(tmp_path: Path, **overrides: Any) -> dict[str, Any]:

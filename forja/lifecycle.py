@@ -53,6 +53,13 @@ def down(
     if delete:
         plan = plan or deletion.plan(session, extravars)
         session.fan_out()(ev.Announcement(0, host="forja", text=plan.text()))
+    return teardown(session, delete, extravars)
+
+
+def teardown(session: Session, delete: bool = False, extravars: Mapping[str, Any] | None = None) -> RunResult:
+    """playbooks/teardown.yml itself, with nothing said first: for forja's own deletions, such as the
+    managed watcher's of a VM Google preempted or took away, where a plan would cost an inventory
+    read and a play on the way to the recovery and tell nobody anything they asked for."""
     return session.run("teardown.yml", {**(extravars or {}), "forja_teardown_delete": delete})
 
 

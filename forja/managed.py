@@ -38,7 +38,6 @@ import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
@@ -198,13 +197,9 @@ def flex_start_ended(vm: InstanceState) -> bool:
     stopped, and its last stop no earlier than its end time."""
     if vm.provisioning_model != "FLEX_START" or vm.running or not vm.ends_at or not vm.last_stop:
         return False
-    return _instant(vm.last_stop) >= _instant(vm.ends_at)
+    from forja.cost.spend import parse_time
 
-
-def _instant(stamp: str) -> datetime:
-    """An RFC 3339 time of the Compute API (its offsets vary) as a comparable instant."""
-    parsed = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+    return parse_time(vm.last_stop) >= parse_time(vm.ends_at)
 
 
 @dataclass
@@ -462,7 +457,7 @@ class Watcher:
                 "runs with `forja train --managed` (or Forja.train_managed)."
             )
         if vm.exists:
-            lifecycle.down(self.session, delete=True, extravars=zone_vars([vm.zone]))
+            lifecycle.teardown(self.session, delete=True, extravars=zone_vars([vm.zone]))
         self._set_tally(recoveries=self.state.tally.recoveries + 1)
         zones, advice = self._by_advice(decision.zones)
         try:  # the zones in the advice's order; the module must not reorder them again

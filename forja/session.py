@@ -299,6 +299,16 @@ class Session:
         return inventory.gcp_instances(self.inventory)[0]
 
     # -- runs on the hosts and their results here -------------------------------------------
+    def project_folder(self, project: str | Path | None = None) -> Path | None:
+        """The folder sent with a run: `project` when given, else this session's project_dir unless
+        it sends none (send_project=False). ConfigError naming `project` when it is not a folder."""
+        folder = Path(project).expanduser().resolve() if project else (
+            self.project_dir if self.send_project else None
+        )
+        if folder is not None and not folder.is_dir():
+            raise errors.ConfigError("project", f"{project} is not a folder")
+        return folder
+
     def results_dir(self, run_id: str) -> Path:
         """Where a run's results are fetched to by default: <project>/forja-runs/<run id>."""
         return self.project_dir / RESULTS_FOLDER / run_id

@@ -66,22 +66,30 @@ def plan_run(
         raise errors.ConfigError(
             "script", f"{script} is sent with your project; give the project folder (--project)"
         )
-    given = Path(script).expanduser()
+    path, relative = project_file("script", str(script), script, project_dir, "your script")
+    extravars["trainer_run_command"] = [relative, *map(str, args)]
+    return RunPlan(extravars, config_path or path, path)
+
+
+def project_file(field: str, named: str, given: str | Path, project_dir: Path, what: str) -> tuple[Path, str]:
+    """A file the run needs from the project (sent to the host with it): its path here and its path
+    relative to the project. A ConfigError naming `field` when it is outside the project or not a
+    file; `named` is how the error names it, `what` what the fix asks for."""
+    given = Path(given).expanduser()
     path = (given if given.is_absolute() else project_dir / given).resolve()
     try:
-        relative = path.relative_to(project_dir)
+        relative = path.relative_to(project_dir).as_posix()
     except ValueError:
         raise errors.ConfigError(
-            "script", f"{script} is not inside the project {project_dir}; put it there or give --project"
+            field, f"{named} is not inside the project {project_dir}; put it there (the project is what "
+            "is sent to the host) or give --project"
         ) from None
     if not path.is_file():
         raise errors.ConfigError(
-            "script",
-            f"{script} is not a file in the project {project_dir} (looked for {path}); give the path "
-            "of your script relative to the project folder (--project)",
+            field, f"{named} is not a file in the project {project_dir} (looked for {path}); give the path "
+            f"of {what} relative to the project folder (--project)"
         )
-    extravars["trainer_run_command"] = [relative.as_posix(), *map(str, args)]
-    return RunPlan(extravars, config_path or path, path)
+    return path, relative
 
 
 def plan_hooks(hooks: Mapping[str, str | Path] | None, project_dir: Path | None) -> dict[str, str]:
@@ -112,20 +120,7 @@ def plan_hooks(hooks: Mapping[str, str | Path] | None, project_dir: Path | None)
         if not isinstance(script, str | Path) or not str(script).strip():
             raise errors.ConfigError("hooks", f"{event}: {script!r} must be the path of a script in the "
                                      "project")
-        given = Path(script).expanduser()
-        path = (given if given.is_absolute() else project_dir / given).resolve()
-        try:
-            relative = path.relative_to(project_dir).as_posix()
-        except ValueError:
-            raise errors.ConfigError(
-                "hooks", f"{event}={script} is not inside the project {project_dir}; put the script there "
-                "(the project is what is sent to the host) and give its path relative to the project"
-            ) from None
-        if not path.is_file():
-            raise errors.ConfigError(
-                "hooks", f"{event}={script} is not a file in the project {project_dir} (looked for {path}); "
-                "give the path of your hook script relative to the project folder"
-            )
+        path, relative = project_file("hooks", f"{event}={script}", script, project_dir, "your hook script")
         if not os.access(path, os.X_OK):
             raise errors.ConfigError(
                 "hooks", f"{event}={script} is not executable, and a hook runs as a program (with its #! "
@@ -219,11 +214,7 @@ def train(
         return _train_vertex(session, config, backend, vertex, unsupported, own=own, name=name, wait=wait,
                              fetch=fetch, checkpoints=checkpoints, timeout_s=timeout_s, poll_s=poll_s,
                              on_event=on_event, cancel=cancel)
-    project_dir = Path(project).expanduser().resolve() if project else (
-        session.project_dir if session.send_project else None
-    )
-    if project_dir is not None and not project_dir.is_dir():
-        raise errors.ConfigError("project", f"{project} is not a folder")
+    project_dir = session.project_folder(project)
     plan = plan_run(config, script, args, project_dir)
     planned_hooks = plan_hooks(hooks, project_dir)
     if hook_timeout_s is not None and (

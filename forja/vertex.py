@@ -562,10 +562,7 @@ def own_code(
             "config", "a config is the built-in trainer's; on Vertex your script takes its settings as "
             "arguments after -- (forja train --script train.py --backend vertex -- --lr 3e-4)"
         )
-    project_dir = Path(project).expanduser().resolve() if project else (
-        forja.project_dir if forja.send_project else None)  # fmt: skip
-    if project_dir is not None and not project_dir.is_dir():
-        raise errors.ConfigError("project", f"{project} is not a folder")
+    project_dir = forja.project_folder(project)
     plan = own["plan"](None, script, args, project_dir)
     relative, *_ = plan.extravars["trainer_run_command"]
     code = OwnCode(project_dir, relative, tuple(args), excludes, procs)

@@ -1,3 +1,5 @@
+# Copyright: forja contributors
+# Apache-2.0
 """Action plugin forja_bundle: pack controller folders inside Ansible's own process.
 
 Why an action plugin: the folders are on the controller and the archive is written there, so shipping

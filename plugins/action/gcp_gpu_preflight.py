@@ -1,3 +1,5 @@
+# Copyright: forja contributors
+# Apache-2.0
 """Action plugin gcp_gpu_preflight: the module's run() inside Ansible's process on the controller."""
 
 from __future__ import annotations

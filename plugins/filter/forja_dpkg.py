@@ -1,3 +1,5 @@
+# Copyright: forja contributors
+# Apache-2.0
 """Which Debian packages are installed, asked of dpkg-query, for the roles that act on the answer.
 
 dpkg-query answers in a tenth of a second; the apt module opens the whole package cache (about 2 s

@@ -1,3 +1,5 @@
+# Copyright: forja contributors
+# Apache-2.0
 """Which of a run's result files the controller lacks, so fetch.yml fetches only those.
 
 ansible's fetch module already skips a file whose copy is the same, but it asks the host for each

@@ -1,3 +1,5 @@
+# Copyright: forja contributors
+# Apache-2.0
 """Shell words of a string, as ssh's options are given to Ansible (ansible_ssh_common_args).
 
 The jupyter_colab role builds the tunnel command from the host's own connection settings, so the

@@ -4,28 +4,6 @@
 
 from __future__ import annotations
 
-import difflib
-import hashlib
-import json
-from collections.abc import Iterable
-
-from ansible.errors import AnsibleParserError
-from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable, Constructable
-from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import (
-    GcpClient,
-    GcpConfig,
-    GcpError,
-    short_name,
-)
-from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_instance import (
-    CLUSTER_LABEL,
-    RANK_LABEL,
-    RENDEZVOUS_PORT,
-    SIZE_LABEL,
-    instance_facts,
-    metadata_dict,
-)
-
 DOCUMENTATION = r"""
 name: gcp_gpu
 short_description: Compute Engine GPU VMs as an Ansible inventory
@@ -59,7 +37,7 @@ description:
     project, with C(source), C(project), C(zones), C(all_zones), C(filter) and C(summary), a sentence
     naming them. forja's C(playbooks/require_hosts.yml) quotes it when a play finds no host.
 version_added: "0.1.0"
-author: forja contributors
+author: forja contributors (@forja)
 extends_documentation_fragment:
   - constructed
   - inventory_cache
@@ -179,6 +157,28 @@ keyed_groups:
   - key: labels.owner | default('nobody')
     prefix: owner
 """
+
+import difflib
+import hashlib
+import json
+from collections.abc import Iterable
+
+from ansible.errors import AnsibleParserError
+from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable, Constructable
+from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import (
+    GcpClient,
+    GcpConfig,
+    GcpError,
+    short_name,
+)
+from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_instance import (
+    CLUSTER_LABEL,
+    RANK_LABEL,
+    RENDEZVOUS_PORT,
+    SIZE_LABEL,
+    instance_facts,
+    metadata_dict,
+)
 
 HOSTNAME_SOURCES = ("name", "public_ip", "private_ip")
 #: The all-group variable that says what each gcp_gpu source listed (read by playbooks/require_hosts.yml).

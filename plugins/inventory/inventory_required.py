@@ -1,3 +1,5 @@
+# Copyright: forja contributors
+# Apache-2.0
 """Inventory plugin that lists no hosts: it stops a command that was given no inventory."""
 
 from __future__ import annotations

@@ -1,3 +1,5 @@
+# Copyright: forja contributors
+# Apache-2.0
 """One call of a controller-side forja module, whoever runs it: AnsibleModule or Ansible's own process.
 
 Why here: the GCP modules only talk to Google's APIs from the controller. Run as modules, each task

@@ -18,9 +18,9 @@ file so a reader can verify what it reads.
 Who uses it: the module forja.gpu.forja_dataset_push (ansible-playbook users, role forja.gpu.dataset)
 and forja's Python (`forja data push`, `Forja.push_data`, loaded by path in forja/datasets.py) call
 `push`; the module forja.gpu.forja_dataset_stage calls `stage` on the host. `stage` needs only the
-standard library (a host's system Python has no google-cloud-storage): it speaks Cloud Storage's
-JSON API with a token from the VM's metadata server (the VM's own service account), or without one
-at an emulator (STORAGE_EMULATOR_HOST).
+standard library and Ansible's own ``open_url`` (a host's system Python has no google-cloud-storage):
+it speaks Cloud Storage's JSON API with a token from the VM's metadata server (the VM's own service
+account), or without one at an emulator (STORAGE_EMULATOR_HOST).
 """
 
 from __future__ import annotations
@@ -36,11 +36,12 @@ import threading
 import time
 import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
+
+from ansible.module_utils.urls import open_url
 
 try:  # Ansible ships the sibling with the module (AnsiballZ)
     from ansible_collections.forja.gpu.plugins.module_utils.forja_files import Walk, walk
@@ -278,16 +279,19 @@ def _bucket_error(exc: BaseException, bucket: str, endpoint: str) -> DatasetErro
         return DatasetError("bucket", f"Cloud Storage refused the credentials (401: {api_message(exc)}); "
                                       "log in again (gcloud auth application-default login) or set "
                                       "FORJA_GCP_CREDENTIALS_FILE")
-    return TransferError("bucket", f"gs://{bucket} at {endpoint} did not answer ({type(exc).__name__}: "
-                                  f"{api_message(exc)}); check the network (or STORAGE_EMULATOR_HOST) and "
-                                  "push again: what was sent is kept and skipped")
+    return TransferError(
+        "bucket",
+        f"gs://{bucket} at {endpoint} did not answer ({type(exc).__name__}: {api_message(exc)}); check "
+        "the network (or STORAGE_EMULATOR_HOST) and push again: what was sent is kept and skipped",
+    )
 
 
 def _is_checksum_error(exc: BaseException) -> bool:
     text = api_message(exc).lower()
     return type(exc).__name__.startswith("DataCorruption") or (
-        isinstance(exc, api_exceptions.GoogleAPICallError) and ("checksum" in text or "crc32c" in text
-                                                               or "md5" in text))
+        isinstance(exc, api_exceptions.GoogleAPICallError)
+        and ("checksum" in text or "crc32c" in text or "md5" in text)
+    )
 
 
 class _Counting:
@@ -387,8 +391,8 @@ def push(
         previous = gcs.get_blob(manifest_object(name), timeout=request_timeout, retry=retry)
         found_before = previous.download_as_bytes(timeout=request_timeout, retry=retry) if previous else b"{}"
         before = json.loads(found_before)
-        listed = {b.name: b for b in client.list_blobs(gcs, prefix=BLOB_PREFIX, timeout=request_timeout,
-                                                        retry=retry)}
+        blobs = client.list_blobs(gcs, prefix=BLOB_PREFIX, timeout=request_timeout, retry=retry)
+        listed = {b.name: b for b in blobs}
     except Exception as exc:  # told apart in _bucket_error
         raise _bucket_error(exc, bucket, endpoint) from None
 
@@ -477,9 +481,9 @@ def push(
     )
 
 
-# --- stage (host, standard library only) --------------------------------------------------------
+# --- stage (host, standard library and open_url) ------------------------------------------------------------
 class _Store:
-    """Cloud Storage's JSON API over urllib: read a manifest, stream a blob."""
+    """Cloud Storage's JSON API over Ansible's open_url (urllib inside): read a manifest, stream a blob."""
 
     def __init__(self, bucket: str, emulator: str | None, timeout: float, token_url: str) -> None:
         self.bucket = bucket
@@ -495,9 +499,9 @@ class _Store:
             return {}
         with self._lock:
             if self._token is None or self._token[1] < time.time() + 60:
-                request = urllib.request.Request(self.token_url, headers={"Metadata-Flavor": "Google"})
                 try:
-                    with urllib.request.urlopen(request, timeout=self.timeout) as resp:
+                    headers = {"Metadata-Flavor": "Google"}
+                    with open_url(self.token_url, headers=headers, timeout=self.timeout) as resp:
                         data = json.load(resp)
                 except (OSError, ValueError) as exc:
                     raise DatasetError("credentials", f"the VM's metadata server gave no token ({exc}); "
@@ -510,8 +514,7 @@ class _Store:
         url = f"{self.base}/storage/v1/b/{self.bucket}/o/{urllib.parse.quote(obj, safe='')}?alt=media"
         for attempt in range(6):
             try:
-                return urllib.request.urlopen(urllib.request.Request(url, headers=self._headers()),
-                                              timeout=self.timeout)
+                return open_url(url, headers=self._headers(), timeout=self.timeout)
             except urllib.error.HTTPError as exc:
                 if exc.code == 404:
                     raise
@@ -523,8 +526,10 @@ class _Store:
                     raise TransferError("bucket", f"gs://{self.bucket}/{obj}: HTTP {exc.code}") from None
             except OSError as exc:
                 if attempt == 5:
-                    raise TransferError("bucket", f"{self.base} did not answer for gs://{self.bucket}/{obj} "
-                                                 f"({exc}); check the network and stage again") from None
+                    raise TransferError(
+                        "bucket", f"{self.base} did not answer for gs://{self.bucket}/{obj} ({exc}); check "
+                        "the network and stage again",
+                    ) from None
             time.sleep(min(2 ** attempt, 30))
         raise AssertionError("unreachable")
 
@@ -548,7 +553,8 @@ def check_manifest(manifest: Any, name: str, where: str) -> dict[str, Any]:
                                    "again with this forja")
     for item in manifest["files"]:
         rel = str(item.get("path", ""))
-        if rel.startswith("/") or ".." in rel.split("/") or not rel or rel.split("/")[0] == PARTIAL_DIR:
+        parts = rel.split("/")
+        if rel.startswith("/") or ".." in parts or not rel or parts[0] == PARTIAL_DIR:
             raise DatasetError("name", f"the manifest of {name!r} names an unsafe path {rel!r}; push it "
                                        "again")
     return manifest

@@ -1,3 +1,5 @@
+# Copyright: forja contributors
+# Apache-2.0
 """What "installed" and "held" mean to forja, read from dpkg-query's Status-Abbrev.
 
 One home for the query's format and its parsing: the forja_dpkg filters (roles that run

@@ -43,9 +43,13 @@ try:  # requests first, so that without it the ImportError names it (GcpClient s
 
     HAS_GCP_LIBRARIES = True
     GCP_IMPORT_ERROR = None
+    #: What a request raises when the API could not be reached or did not answer in time. Empty without
+    #: requests: then no request is ever made, because GcpClient fails first naming the library.
+    NETWORK_ERRORS: tuple[type[Exception], ...] = (requests.ConnectionError, requests.Timeout)
 except ImportError as exc:  # pragma: no cover - exercised only without the controller venv
     HAS_GCP_LIBRARIES = False
     GCP_IMPORT_ERROR = exc
+    NETWORK_ERRORS = ()
 
 DEFAULT_API_URL = "https://compute.googleapis.com/compute/v1/"
 DEFAULT_SCOPES = ("https://www.googleapis.com/auth/compute",)
@@ -381,7 +385,7 @@ class GcpClient:
                     headers=headers,
                     timeout=(min(10.0, timeout), timeout),
                 )
-            except (requests.ConnectionError, requests.Timeout) as exc:
+            except NETWORK_ERRORS as exc:
                 if timeout_is_an_answer and isinstance(exc, requests.ReadTimeout):
                     return None  # a long-poll (operations.wait) that ran out of time: not done yet
                 if attempt < cfg.max_retries:

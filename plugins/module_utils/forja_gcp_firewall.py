@@ -20,7 +20,7 @@ def _ports_cover(entry: dict[str, Any], port: int) -> bool:
     if not ports:
         return True
     for spec in ports:
-        low, _, high = str(spec).partition("-")
+        low, _dash, high = str(spec).partition("-")
         if int(low) <= port <= int(high or low):
             return True
     return False

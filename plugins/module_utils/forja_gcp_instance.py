@@ -300,7 +300,6 @@ def image_url(
         return (
             image_family if "/" in image_family else f"projects/{owner}/global/images/family/{image_family}"
         )
-    assert image is not None
     return image if "/" in image else f"projects/{owner}/global/images/{image}"
 
 
@@ -388,7 +387,7 @@ def validate_spec(
             raise SpecError(f"metadata: key '{key}' must hold only letters, digits, '_' or '-'")
     ssh_keys = [str(k).strip() for k in params.get("ssh_keys") or []]
     for entry in ssh_keys:
-        user, _, key = entry.partition(":")
+        user, _colon, key = entry.partition(":")
         if not user or not key.startswith(("ssh-", "ecdsa-", "sk-")):
             raise SpecError("ssh_keys: each entry must read 'USER:ssh-ed25519 AAAA... comment'")
     if ssh_keys:

@@ -1,3 +1,5 @@
+# Copyright: forja contributors
+# Apache-2.0
 """The stopped-disk prune's rules: when a VM that has stayed stopped may be deleted, and why not.
 
 Why a prune at all: a stopped VM runs nothing, so nothing on it can delete it, and Compute Engine has

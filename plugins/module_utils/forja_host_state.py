@@ -1,3 +1,5 @@
+# Copyright: forja contributors
+# Apache-2.0
 """host_state's comparisons, shared by every module that reports a host's state in its own call.
 
 Why here: a module that must read the host anyway (nvidia_facts) can make host_state's comparison

@@ -1,3 +1,5 @@
+# Copyright: forja contributors
+# Apache-2.0
 """Which NVIDIA GPUs a host has: the PCI bus (before any driver) and nvidia-smi (with one).
 
 Why here: nvidia_facts reports them with the rest of the stack, and torch_python_facts (its `gpus`

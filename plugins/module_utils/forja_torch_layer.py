@@ -1,3 +1,5 @@
+# Copyright: forja contributors
+# Apache-2.0
 """forja_torch_env's record and its inputs' hash, shared with host_state's check of an environment.
 
 Why here: whether a layered environment is up to date is decided by its record (the inputs' hash

@@ -15,16 +15,19 @@ import re
 import time
 from typing import Any
 
-import requests
-
 try:  # in Ansible (AnsiballZ) by FQCN; forja's controller loads the siblings by path (forja/module_utils.py)
-    from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import GcpApiError, GcpClient, GcpError
+    from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import (
+        NETWORK_ERRORS,
+        GcpApiError,
+        GcpClient,
+        GcpError,
+    )
     from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_machines import (
         MachineSpecError,
         resolve_gpus,
     )
 except ImportError:
-    from forja_gcp import GcpApiError, GcpClient, GcpError  # type: ignore[no-redef]
+    from forja_gcp import NETWORK_ERRORS, GcpApiError, GcpClient, GcpError  # type: ignore[no-redef]
     from forja_gcp_machines import MachineSpecError, resolve_gpus  # type: ignore[no-redef]
 
 #: Vertex is regional: each region has its own endpoint.
@@ -118,7 +121,7 @@ def worker_pool(pool: dict[str, Any], index: int, env: dict[str, str]) -> dict[s
             pool["machine_type"], to_compute_name(accelerator) if accelerator else None, count or None
         )
     except MachineSpecError as exc:
-        named, _, why = str(exc).partition(": ")
+        named, _sep, why = str(exc).partition(": ")
         field = {"gpu_type": "accelerator_type", "gpu_count": "accelerator_count"}.get(named, named)
         why = why.replace("gpu_type", "accelerator_type").replace("gpu_count", "accelerator_count")
         raise VertexSpecError(f"{where}.{field}: {why}") from None
@@ -228,7 +231,7 @@ def post_json(client: GcpClient, url: str, body: dict[str, Any], service: str) -
             url, json=body, headers={"Authorization": f"Bearer {client.token()}"},
             timeout=client.config.request_timeout_s,
         )  # fmt: skip
-    except (requests.ConnectionError, requests.Timeout) as exc:
+    except NETWORK_ERRORS as exc:
         raise GcpError(f"POST {url}: {service} could not be reached ({type(exc).__name__}: {exc})") from None
     if resp.status_code >= 400:
         try:

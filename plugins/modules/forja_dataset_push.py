@@ -26,10 +26,12 @@ description:
     to O(plan_dir) - for the dataset role's rsync path; nothing is sent and nothing changes.
   - "Runs on the controller (C(delegate_to: localhost)). The same code is C(forja data push)."
 version_added: "0.2.0"
-author: forja contributors
+author: forja contributors (@forja)
 extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
   - forja.gpu.gcp_auth
   - forja.gpu.gcp_auth.modules
+  - forja.gpu.gcp_auth.storage
 options:
   src:
     description: The dataset folder on the controller.
@@ -67,16 +69,13 @@ options:
     description: Seconds one blob's upload is retried (5xx, 429, dropped connections) before the push fails.
     type: float
     default: 300.0
-  storage_emulator_host:
-    description: A Cloud Storage emulator instead of Google's endpoint, without credentials.
-    type: str
-    env:
-      - name: STORAGE_EMULATOR_HOST
 attributes:
   check_mode:
     support: none
   diff_mode:
     support: none
+  platform:
+    platforms: posix
 notes:
   - Needs google-cloud-storage on the controller (a dependency of forja).
   - The credentials need C(roles/storage.objectAdmin) on the bucket.
@@ -191,7 +190,7 @@ def main() -> None:
     params: dict[str, Any] = module.params
     try:
         raw = params["bucket"]
-        name = params["name"] or os.path.basename(os.path.normpath(os.path.expanduser(params["src"])))
+        name = params["name"] or os.path.basename(os.path.normpath(params["src"]))
         if not raw:
             if not params["plan_dir"]:
                 raise DatasetError("plan_dir", "needed without a bucket (where the manifest is written)")

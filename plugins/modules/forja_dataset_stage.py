@@ -26,7 +26,9 @@ description:
     with the VM's service account (a token from the metadata server); with O(storage_emulator_host) it
     reads that emulator without credentials.
 version_added: "0.2.0"
-author: forja contributors
+author: forja contributors (@forja)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 options:
   bucket:
     description: The bucket, as C(gs://BUCKET) or C(BUCKET). One of O(bucket) and O(manifest) is needed.
@@ -69,6 +71,8 @@ attributes:
     support: full
   diff_mode:
     support: none
+  platform:
+    platforms: posix
 """
 
 EXAMPLES = r"""
@@ -137,7 +141,8 @@ def main() -> None:
             "threads": {"type": "int", "default": 8},
             "request_timeout": {"type": "float", "default": 60.0},
             "storage_emulator_host": {"type": "str"},
-            "metadata_token_url": {"type": "str", "default": METADATA_TOKEN_URL},
+            # A URL that hands out tokens, not a token: nothing to hide.
+            "metadata_token_url": {"type": "str", "default": METADATA_TOKEN_URL, "no_log": False},
         },
         required_one_of=[("bucket", "manifest")],
         mutually_exclusive=[("bucket", "manifest")],

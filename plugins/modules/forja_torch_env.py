@@ -1,4 +1,6 @@
 #!/usr/bin/python
+# Copyright: forja contributors
+# Apache-2.0
 """A Python environment layered on an interpreter's PyTorch, that can never replace that PyTorch.
 
 Why a module: the Colab kernel (jupyter_colab) and a project's requirements (trainer_run) need the
@@ -17,28 +19,6 @@ than replace torch.
 
 from __future__ import annotations
 
-import json
-import os
-import pwd
-import shutil
-
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.forja.gpu.plugins.module_utils.forja_torch_layer import (
-    ARGUMENT_SPEC,
-    CONSTRAINTS,
-    LAYER_PTH,
-    RECORD,
-    TorchLayerError,
-    constraints_text,
-    inputs_hash,
-    layer_pth_text,
-    pip_tail,
-    plan,
-    probe_base,
-    read_record,
-    read_requirements,
-)
-
 DOCUMENTATION = r"""
 ---
 module: forja_torch_env
@@ -54,7 +34,9 @@ description:
     fails with pip's own message. With I(mutable) (a notebook kernel's environment, which users
     add packages to), an existing environment is updated in place instead of rebuilt.
 version_added: "0.1.0"
-author: forja
+author: forja contributors (@forja)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 options:
   base_python:
     description: The interpreter whose packages (its PyTorch) the environment layers on.
@@ -99,6 +81,10 @@ options:
 attributes:
   check_mode:
     support: full
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
 """
 
 EXAMPLES = r"""
@@ -145,6 +131,28 @@ action:
   returned: always
   type: str
 """
+
+import json
+import os
+import pwd
+import shutil
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.forja.gpu.plugins.module_utils.forja_torch_layer import (
+    ARGUMENT_SPEC,
+    CONSTRAINTS,
+    LAYER_PTH,
+    RECORD,
+    TorchLayerError,
+    constraints_text,
+    inputs_hash,
+    layer_pth_text,
+    pip_tail,
+    plan,
+    probe_base,
+    read_record,
+    read_requirements,
+)
 
 
 def main() -> None:

@@ -5,32 +5,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from ansible_collections.forja.gpu.plugins.module_utils.forja_call import Call, ModuleFailure, run_as_module
-from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import (
-    AUTH_ARGUMENT_SPEC,
-    GcpError,
-    config_from_params,
-)
-from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_instance import SpecError
-from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_storage import (
-    CLIENT_ERRORS,
-    OBJECT_ROLE,
-    Wanted,
-    api_message,
-    call_options,
-    create,
-    emulator_host,
-    lifecycle_after,
-    lookup,
-    make_client,
-    policy_members,
-    validate,
-    view,
-    wanted_view,
-)
-
 DOCUMENTATION = r"""
 module: gcp_gpu_bucket
 short_description: A Cloud Storage bucket for a GPU VM's checkpoints, private, with old checkpoints expiring
@@ -50,10 +24,11 @@ description:
   - Of the shared GCP options, O(api_url) and O(operation_timeout) are the Compute API's and unused
     here; Cloud Storage is Google's endpoint, or O(storage_emulator_host).
 version_added: "0.1.0"
-author: forja contributors
+author: forja contributors (@forja)
 extends_documentation_fragment:
   - forja.gpu.gcp_auth
   - forja.gpu.gcp_auth.modules
+  - forja.gpu.gcp_auth.storage
 options:
   name:
     description:
@@ -75,7 +50,7 @@ options:
   checkpoint_prefix:
     description:
       - The folder under which checkpoints live; the lifecycle rule applies there only. With the trainer's
-        O(checkpoint_bucket) set to C(gs://BUCKET/checkpoints) its objects land under C(checkpoints/).
+        C(checkpoint_bucket) set to C(gs://BUCKET/checkpoints) its objects land under C(checkpoints/).
     type: str
     default: checkpoints/
   checkpoint_retention_days:
@@ -94,13 +69,6 @@ options:
     description: With O(state=absent), delete the bucket's objects too (at most 256; more fails).
     type: bool
     default: false
-  storage_emulator_host:
-    description:
-      - A Cloud Storage emulator to talk to instead of Google's endpoint, without credentials, as
-        google-cloud-storage does with E(STORAGE_EMULATOR_HOST) (its default). For tests and local clouds.
-    type: str
-    env:
-      - name: STORAGE_EMULATOR_HOST
 notes:
   - Supports C(check_mode) and C(diff).
   - Needs the Python library google-cloud-storage on the controller (a dependency of forja).
@@ -147,7 +115,7 @@ bucket:
   type: dict
   contains:
     name: {description: The bucket's name., type: str}
-    location: {description: Its location, upper-case as the API gives it., type: str}
+    location: {description: "Its location, upper-case as the API gives it.", type: str}
     uniform_bucket_level_access: {description: Always true., type: bool}
     public_access_prevention: {description: Always C(enforced)., type: str}
     checkpoint_lifecycle_rule:
@@ -160,6 +128,32 @@ url:
   type: str
   sample: gs://my-project-forja-checkpoints
 """
+
+from typing import Any
+
+from ansible_collections.forja.gpu.plugins.module_utils.forja_call import Call, ModuleFailure, run_as_module
+from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import (
+    AUTH_ARGUMENT_SPEC,
+    GcpError,
+    config_from_params,
+)
+from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_instance import SpecError
+from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_storage import (
+    CLIENT_ERRORS,
+    OBJECT_ROLE,
+    Wanted,
+    api_message,
+    call_options,
+    create,
+    emulator_host,
+    lifecycle_after,
+    lookup,
+    make_client,
+    policy_members,
+    validate,
+    view,
+    wanted_view,
+)
 
 
 def ensure_present(client: Any, bucket: Any, wanted: Wanted, params: dict[str, Any],

@@ -5,24 +5,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from ansible_collections.forja.gpu.plugins.module_utils.forja_call import Call, ModuleFailure, run_as_module
-from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import (
-    AUTH_ARGUMENT_SPEC,
-    GcpClient,
-    GcpError,
-    config_from_params,
-    short_name,
-)
-from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_firewall import decide, refusal
-from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_instance import (
-    CLUSTER_PORTS,
-    NAME_RE,
-    SpecError,
-    validate_source_ranges,
-)
-
 DOCUMENTATION = r"""
 module: gcp_gpu_firewall
 short_description: Allow SSH to forja's GPU VMs only from Google's IAP range or listed addresses
@@ -44,7 +26,7 @@ description:
     and the rules agree, also with O(state=absent) when the user keeps their own rule.
   - Idempotent, with check mode and C(--diff). Runs on the controller.
 version_added: "0.1.0"
-author: forja contributors
+author: forja contributors (@forja)
 extends_documentation_fragment:
   - forja.gpu.gcp_auth
   - forja.gpu.gcp_auth.modules
@@ -125,12 +107,30 @@ firewall:
     source_ranges: {description: Allowed sources., type: list}
     target_tags: {description: Target tags., type: list}
     source_tags: {description: A cluster rule's source tag (absent for the SSH rule)., type: list}
-    ports: {description: Port 22, or a cluster rule's ports., type: list}
+    ports: {description: "Port 22, or a cluster rule's ports.", type: list}
 admitted_by:
   description: The rule that admits SSH from O(admit_source).
   returned: when admit_source is set
   type: str
 """
+
+from typing import Any
+
+from ansible_collections.forja.gpu.plugins.module_utils.forja_call import Call, ModuleFailure, run_as_module
+from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import (
+    AUTH_ARGUMENT_SPEC,
+    GcpClient,
+    GcpError,
+    config_from_params,
+    short_name,
+)
+from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_firewall import decide, refusal
+from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_instance import (
+    CLUSTER_PORTS,
+    NAME_RE,
+    SpecError,
+    validate_source_ranges,
+)
 
 SSH_PORT = "22"
 

@@ -5,44 +5,6 @@
 
 from __future__ import annotations
 
-import time
-from typing import Any
-
-from ansible_collections.forja.gpu.plugins.module_utils.forja_call import Call, ModuleFailure, run_as_module
-from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import (
-    AUTH_ARGUMENT_SPEC,
-    GcpApiError,
-    GcpClient,
-    GcpError,
-    GcpOperationError,
-    config_from_params,
-)
-from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_advice import order_zones
-from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_instance import (
-    FLEX_START_MAX_WAIT_S,
-    PENDING_STATUS,
-    STOPPED_STATES,
-    InstanceSpec,
-    SpecError,
-    check_flex_start_machine,
-    comparable_view,
-    immutable_differences,
-    insert_body,
-    instance_facts,
-    last_preemption,
-    metadata_dict,
-    predicted_facts,
-    validate_spec,
-    wanted_labels,
-    wanted_metadata,
-)
-from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_machines import (
-    SETTLING_STATES,
-    STOCKOUT_CODES,
-    MachineSpecError,
-    resolve_gpus,
-)
-
 DOCUMENTATION = r"""
 module: gcp_gpu_instance
 short_description: Manage one Compute Engine GPU VM (G2/L4, A2, A3, N1), with Spot, Flex-start, zone fallback
@@ -72,7 +34,7 @@ description:
     option left unset takes the Compute API's own default when the VM is created, and is not
     compared on an existing VM.
 version_added: "0.1.0"
-author: forja contributors
+author: forja contributors (@forja)
 extends_documentation_fragment:
   - forja.gpu.gcp_auth
   - forja.gpu.gcp_auth.modules
@@ -364,7 +326,7 @@ instance:
     id: {description: Numeric ID., type: str}
     project: {description: Project ID., type: str}
     zone: {description: Zone (short name) the VM is in., type: str, sample: us-east1-d}
-    status: {description: RUNNING, TERMINATED (stopped), etc., type: str, sample: RUNNING}
+    status: {description: "RUNNING, TERMINATED (stopped), etc.", type: str, sample: RUNNING}
     machine_type: {description: Machine type (short name)., type: str, sample: g2-standard-8}
     gpu_type: {description: GPU model., type: str, sample: nvidia-l4}
     gpu_count: {description: Number of GPUs., type: int, sample: 1}
@@ -378,7 +340,7 @@ instance:
       description: When Google ends a running Flex-start VM (RFC 3339); null before it runs, and for others.
       type: str
     ip: {description: The address to connect to (per ip_preference)., type: str}
-    public_ip: {description: Ephemeral public IP, if any., type: str}
+    public_ip: {description: "Ephemeral public IP, if any.", type: str}
     private_ip: {description: Internal IP., type: str}
     network: {description: Network (short name)., type: str}
     labels: {description: Labels., type: dict}
@@ -440,6 +402,43 @@ actions:
   sample: ["insert in us-east1-d", "setLabels"]
 """
 
+import time
+from typing import Any
+
+from ansible_collections.forja.gpu.plugins.module_utils.forja_call import Call, ModuleFailure, run_as_module
+from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import (
+    AUTH_ARGUMENT_SPEC,
+    GcpApiError,
+    GcpClient,
+    GcpError,
+    GcpOperationError,
+    config_from_params,
+)
+from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_advice import order_zones
+from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_instance import (
+    FLEX_START_MAX_WAIT_S,
+    PENDING_STATUS,
+    STOPPED_STATES,
+    InstanceSpec,
+    SpecError,
+    check_flex_start_machine,
+    comparable_view,
+    immutable_differences,
+    insert_body,
+    instance_facts,
+    last_preemption,
+    metadata_dict,
+    predicted_facts,
+    validate_spec,
+    wanted_labels,
+    wanted_metadata,
+)
+from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_machines import (
+    SETTLING_STATES,
+    STOCKOUT_CODES,
+    MachineSpecError,
+    resolve_gpus,
+)
 
 ARGUMENT_SPEC: dict[str, Any] = {
     "name": {"type": "str", "required": True},
@@ -601,7 +600,6 @@ class InstanceManager:
             if skipped:
                 self.call.warn(f"created in the fallback zone {zone}: out of stock in {', '.join(skipped)}")
             return zone
-        assert last_error is not None
         tried = ", ".join(z["zone"] for z in self.zones_tried)
         raise GcpOperationError(
             f"no capacity for {spec.machine_type} in any zone tried ({tried}); nothing was "
@@ -780,7 +778,6 @@ class InstanceManager:
                     self.run_op("DELETE", self.path(zone))
             return self.result(zone or params["zone"], before, {}, None)
 
-        assert spec is not None
         if instance is None:
             zone = self.create(spec)
             if state == "stopped":
@@ -796,7 +793,6 @@ class InstanceManager:
             after = comparable_view(final, spec.metadata)
             return self.result(zone, before, after, final)
 
-        assert zone is not None
         self.converge_existing(spec, zone, instance)
         if self.check:
             final = dict(before_facts or {})

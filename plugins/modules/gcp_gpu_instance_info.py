@@ -5,21 +5,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import (
-    AUTH_ARGUMENT_SPEC,
-    GcpClient,
-    GcpError,
-    config_from_params,
-)
-from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_instance import (
-    instance_facts,
-    last_preemption,
-    preemptions,
-)
-
 DOCUMENTATION = r"""
 ---
 module: gcp_gpu_instance_info
@@ -33,7 +18,7 @@ description:
     watcher acts on.
   - Runs on the controller (C(delegate_to=localhost)); needs C(google-auth) and C(requests) there.
 version_added: "0.2.0"
-author: forja contributors
+author: forja contributors (@forja)
 extends_documentation_fragment:
   - forja.gpu.gcp_auth
   - forja.gpu.gcp_auth.modules
@@ -91,6 +76,21 @@ preemptions:
   type: list
   elements: str
 """
+
+from typing import Any
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import (
+    AUTH_ARGUMENT_SPEC,
+    GcpClient,
+    GcpError,
+    config_from_params,
+)
+from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_instance import (
+    instance_facts,
+    last_preemption,
+    preemptions,
+)
 
 ARGUMENT_SPEC: dict[str, Any] = {
     "name": {"type": "str", "required": True},

@@ -11,18 +11,6 @@ against the one Ansible will log in as, before any VM exists.
 
 from __future__ import annotations
 
-from typing import Any
-from urllib.parse import quote
-
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import (
-    AUTH_ARGUMENT_SPEC,
-    GcpClient,
-    GcpError,
-    config_from_params,
-)
-from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_instance import SpecError
-
 DOCUMENTATION = r"""
 module: gcp_gpu_os_login_key
 short_description: Add an SSH public key to the caller's OS Login profile and return its POSIX user
@@ -33,7 +21,7 @@ description:
     C(enable-oslogin=TRUE). With O(expect_user) set, fails naming the right user when they differ.
   - Idempotent, with check mode. Runs on the controller. The key is public; it is still not returned.
 version_added: "0.2.0"
-author: forja contributors
+author: forja contributors (@forja)
 extends_documentation_fragment:
   - forja.gpu.gcp_auth
   - forja.gpu.gcp_auth.modules
@@ -81,6 +69,18 @@ account:
   returned: success
   type: str
 """
+
+from typing import Any
+from urllib.parse import quote
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import (
+    AUTH_ARGUMENT_SPEC,
+    GcpClient,
+    GcpError,
+    config_from_params,
+)
+from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_instance import SpecError
 
 
 def _key_material(line: str) -> tuple[str, str]:

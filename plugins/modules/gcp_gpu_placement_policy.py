@@ -5,22 +5,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import (
-    AUTH_ARGUMENT_SPEC,
-    GcpClient,
-    GcpError,
-    config_from_params,
-    region_of,
-)
-from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_instance import NAME_RE, ZONE_RE, SpecError
-from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_machines import (
-    COMPACT_PLACEMENT_FAMILIES,
-    supports_compact_placement,
-)
-
 DOCUMENTATION = r"""
 module: gcp_gpu_placement_policy
 short_description: Keep a compact placement policy for one cluster of forja's GPU VMs
@@ -34,7 +18,7 @@ description:
     first (the C(forja.gpu.gcp_instance) role does).
   - Idempotent, with check mode. Runs on the controller.
 version_added: "0.1.0"
-author: forja contributors
+author: forja contributors (@forja)
 extends_documentation_fragment:
   - forja.gpu.gcp_auth
   - forja.gpu.gcp_auth.modules
@@ -91,6 +75,22 @@ policy:
   type: str
   sample: https://compute.googleapis.com/compute/v1/projects/p/regions/us-east1/resourcePolicies/forja-l4-compact
 """
+
+from typing import Any
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import (
+    AUTH_ARGUMENT_SPEC,
+    GcpClient,
+    GcpError,
+    config_from_params,
+    region_of,
+)
+from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_instance import NAME_RE, ZONE_RE, SpecError
+from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp_machines import (
+    COMPACT_PLACEMENT_FAMILIES,
+    supports_compact_placement,
+)
 
 
 def policy_body(name: str) -> dict[str, Any]:

@@ -27,6 +27,7 @@ author: forja contributors (@forja)
 extends_documentation_fragment:
   - forja.gpu.gcp_auth
   - forja.gpu.gcp_auth.modules
+  - forja.gpu.gcp_auth.storage
 options:
   name:
     description: The VM's name.
@@ -48,12 +49,6 @@ options:
         run's objects are under C(PREFIX/<run>/). Empty means no bucket, and the VM is never deleted.
     type: str
     default: ""
-  storage_emulator_host:
-    description:
-      - A Cloud Storage emulator to talk to instead of Google's endpoint, without credentials, as
-        google-cloud-storage does with E(STORAGE_EMULATOR_HOST), which the module reads when this is
-        not set. For tests and local clouds.
-    type: str
   dry_run:
     description: Decide and report (C(delete) means "would delete"), delete nothing. Check mode does the same.
     type: bool

@@ -1,4 +1,6 @@
 #!/usr/bin/python
+# Copyright: forja contributors
+# Apache-2.0
 """Everything a role needs to know about a host's state, asked in one remote call (read-only).
 
 Why a module: a role that checks each package, folder, file, pip requirement and service with its
@@ -12,13 +14,6 @@ stopped service or a changed config is reported and then repaired: nothing is ta
 """
 
 from __future__ import annotations
-
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.forja.gpu.plugins.module_utils.forja_host_state import (
-    ARGUMENT_SPEC,
-    HostStateError,
-    compare,
-)
 
 DOCUMENTATION = r"""
 ---
@@ -34,7 +29,7 @@ description:
   - A file differs when it is missing, is not a regular file, or its owner, group, mode, SHA-1 or
     required text differ; a folder when it is missing or its owner, group or mode differ.
 version_added: "0.1.0"
-author: forja
+author: forja contributors (@forja)
 options:
   packages:
     description: Debian packages that must be installed.
@@ -202,6 +197,14 @@ torch_envs:
   type: list
   elements: dict
 """
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.forja.gpu.plugins.module_utils.forja_host_state import (
+    ARGUMENT_SPEC,
+    HostStateError,
+    compare,
+)
+
 
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)

@@ -1,4 +1,6 @@
 #!/usr/bin/python
+# Copyright: forja contributors
+# Apache-2.0
 """Read-only detection of the NVIDIA stack on a host, for the nvidia_stack role.
 
 Why a module and not a chain of shell tasks: the role has to compare several machine-readable
@@ -8,16 +10,6 @@ keeps each parser a small pure function that unit tests feed with captured real 
 """
 
 from __future__ import annotations
-
-import glob
-import hashlib
-import json
-import os
-import re
-
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.forja.gpu.plugins.module_utils.forja_host_state import state_option
-from ansible_collections.forja.gpu.plugins.module_utils.forja_nvidia import pci_gpus, run_smi
 
 DOCUMENTATION = r"""
 ---
@@ -36,7 +28,9 @@ description:
     caller can prove its pins hold.
   - Never changes the host; C(changed) is always false.
 version_added: "0.1.0"
-author: forja
+author: forja contributors (@forja)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 options:
   nvidia_smi:
     description: The nvidia-smi program, as a path or a name looked up in PATH.
@@ -88,6 +82,10 @@ options:
 attributes:
   check_mode:
     support: full
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
 notes:
   - On a host without GPU or without a loaded driver, C(nvidia-smi) fails; that is reported in
     C(smi.error), not raised.
@@ -135,7 +133,7 @@ smi:
   returned: always
   type: dict
   contains:
-    path: {description: The nvidia-smi found, or null., type: str}
+    path: {description: "The nvidia-smi found, or null.", type: str}
     ok: {description: True when the query succeeded., type: bool}
     rc: {description: Exit status of the query (null when not run)., type: int}
     error: {description: Why the query failed (stderr or a reason)., type: str}
@@ -216,6 +214,15 @@ state:
   type: dict
 """
 
+import glob
+import hashlib
+import json
+import os
+import re
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.forja.gpu.plugins.module_utils.forja_host_state import state_option
+from ansible_collections.forja.gpu.plugins.module_utils.forja_nvidia import pci_gpus, run_smi
 
 NVML_NAME = re.compile(r"libnvidia-ml\.so\.(\d+\.\d+(?:\.\d+)?)$")
 PROC_VERSION = re.compile(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)\s")
@@ -451,11 +458,11 @@ def main() -> None:
     nvml_version = nvml_version_from_name(nvml_path) if nvml_path else None
     driver_package = None
     if nvml_path:
-        rc, out, _ = module.run_command(["dpkg-query", "-S", nvml_path])
+        rc, out, _err = module.run_command(["dpkg-query", "-S", nvml_path])
         if rc == 0 and out:
             driver_package = out.split(":", 1)[0].strip()
-    rc, out, _ = module.run_command(["dpkg-query", "-W",
-                                       "-f=${Package}\t${Version}\t${db:Status-Abbrev}\n"])
+    dpkg_format = "-f=${Package}\t${Version}\t${db:Status-Abbrev}\n"
+    rc, out, _err = module.run_command(["dpkg-query", "-W", dpkg_format])
     packages = parse_dpkg_list(out, params["package_pattern"]) if rc == 0 else {}
     dlvm = any(os.path.exists(p) for p in params["dlvm_markers"])
     gpus = pci_gpus()

@@ -1,4 +1,6 @@
 #!/usr/bin/python
+# Copyright: forja contributors
+# Apache-2.0
 """Find the interpreter on a host that has PyTorch (read-only), for every role that needs it.
 
 Why a module: where an image keeps its PyTorch is not one fixed path. Google's Deep Learning VM
@@ -10,20 +12,6 @@ The decisions are small pure functions that unit tests feed with real probe outp
 """
 
 from __future__ import annotations
-
-import glob
-import json
-import os
-import re
-
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.forja.gpu.plugins.module_utils.forja_host_state import state_option
-from ansible_collections.forja.gpu.plugins.module_utils.forja_nvidia import pci_gpus, run_smi
-from ansible_collections.forja.gpu.plugins.module_utils.forja_torch_layer import (
-    ARGUMENT_SPEC,
-    env_action,
-    with_defaults,
-)
 
 DOCUMENTATION = r"""
 ---
@@ -43,7 +31,9 @@ description:
   - Never changes the host; C(changed) is always false. Finding nothing is not an error unless
     I(required) (the caller decides and names its own variable in the message).
 version_added: "0.1.0"
-author: forja
+author: forja contributors (@forja)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 options:
   candidates:
     description:
@@ -106,6 +96,10 @@ options:
 attributes:
   check_mode:
     support: full
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
 """
 
 EXAMPLES = r"""
@@ -191,7 +185,43 @@ env:
       them, and C(options), the forja_torch_env options to call it with.
   returned: when env is given
   type: dict
+  contains:
+    path:
+      description: The environment's folder, as given in O(env).
+      type: str
+    action:
+      description:
+        - What forja_torch_env would do - C(none), C(create), C(update), C(rebuild), or C(check) when it
+          cannot tell.
+      type: str
+      sample: none
+    reason:
+      description: Why, in words (for C(check), what stopped the comparison).
+      type: str
+    python:
+      description: The environment's interpreter, as forja_torch_env returns it (absent for C(check)).
+      type: str
+    inputs_hash:
+      description: The hash of the environment's inputs, as forja_torch_env returns it (absent for C(check)).
+      type: str
+    options:
+      description: The forja_torch_env options to call it with.
+      type: dict
 """
+
+import glob
+import json
+import os
+import re
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.forja.gpu.plugins.module_utils.forja_host_state import state_option
+from ansible_collections.forja.gpu.plugins.module_utils.forja_nvidia import pci_gpus, run_smi
+from ansible_collections.forja.gpu.plugins.module_utils.forja_torch_layer import (
+    ARGUMENT_SPEC,
+    env_action,
+    with_defaults,
+)
 
 # Runs in each candidate; it must work on any Python 3 and never import torch (slow, and it may crash).
 PROBE = r"""

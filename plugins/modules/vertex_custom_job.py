@@ -5,26 +5,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import (
-    AUTH_ARGUMENT_SPEC,
-    GcpClient,
-    GcpError,
-    config_from_params,
-)
-from ansible_collections.forja.gpu.plugins.module_utils.forja_vertex import (
-    FINAL_STATES,
-    PRESENT_STATES,
-    RUNNING_STATES,
-    SCOPES,
-    VertexJobs,
-    VertexSpecError,
-    api_url,
-    custom_job,
-)
-
 DOCUMENTATION = r"""
 module: vertex_custom_job
 short_description: Submit, follow or cancel a Vertex AI custom training job
@@ -44,7 +24,7 @@ description:
   - Of the shared GCP options, O(api_url) and O(operation_timeout) are the Compute API's and unused
     here; Vertex's endpoint is O(vertex_api_url).
 version_added: "0.1.0"
-author: forja contributors
+author: forja contributors (@forja)
 extends_documentation_fragment:
   - forja.gpu.gcp_auth
   - forja.gpu.gcp_auth.modules
@@ -172,8 +152,6 @@ options:
       - Vertex AI's base URL; defaults to E(FORJA_VERTEX_API_URL), else C(https://REGION-aiplatform.googleapis.com/v1/).
       - Point it at the sandbox's Vertex emulator for tests.
     type: str
-    env:
-      - name: FORJA_VERTEX_API_URL
 notes:
   - Supports C(check_mode).
   - The credentials need C(roles/aiplatform.user) on the project.
@@ -256,6 +234,26 @@ body:
   returned: when a job was (or would be) submitted
   type: dict
 """
+
+from typing import Any
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.forja.gpu.plugins.module_utils.forja_gcp import (
+    AUTH_ARGUMENT_SPEC,
+    GcpClient,
+    GcpError,
+    config_from_params,
+)
+from ansible_collections.forja.gpu.plugins.module_utils.forja_vertex import (
+    FINAL_STATES,
+    PRESENT_STATES,
+    RUNNING_STATES,
+    SCOPES,
+    VertexJobs,
+    VertexSpecError,
+    api_url,
+    custom_job,
+)
 
 
 def present(jobs: VertexJobs, params: dict[str, Any], check_mode: bool) -> dict[str, Any]:

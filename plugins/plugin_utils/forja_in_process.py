@@ -1,3 +1,5 @@
+# Copyright: forja contributors
+# Apache-2.0
 """The action plugin of a controller-side forja module: run its logic inside Ansible's process.
 
 Why: forja's GCP modules only call Google's APIs, from the controller. Shipping one as a module costs

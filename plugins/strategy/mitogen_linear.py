@@ -1,3 +1,5 @@
+# Copyright: forja contributors
+# Apache-2.0
 """Mitogen's `linear` strategy as forja.gpu.mitogen_linear, for re-runs about twice as fast.
 
 forja re-exports the strategy that the pinned `mitogen` package installs in the virtualenv, so
@@ -24,7 +26,7 @@ notes:
   - Mitogen builds its own ssh command line; host-key checking follows C(ansible_host_key_checking)
     (the sandbox sets it to false, as it turns it off for the ssh plugin).
 author:
-  - forja developers
+  - forja contributors (@forja)
 """
 
 EXAMPLES = r"""
@@ -38,6 +40,26 @@ EXAMPLES = r"""
     - role: forja.gpu.jupyter_colab
 """
 
-from ansible_mitogen.plugins.strategy.mitogen_linear import StrategyModule
+from typing import Any
+
+try:
+    from ansible_mitogen.plugins.strategy.mitogen_linear import StrategyModule
+except ImportError as exc:  # mitogen is forja's dependency, not the collection's: say so when asked for
+    MITOGEN_IMPORT_ERROR: ImportError | None = exc
+
+    from ansible.errors import AnsibleError
+    from ansible.plugins.strategy.linear import StrategyModule as _Linear
+
+    class StrategyModule(_Linear):  # type: ignore[no-redef]
+        """Stands in when mitogen is missing, so that choosing the strategy fails with the fix."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            raise AnsibleError(
+                "forja.gpu.mitogen_linear needs the mitogen package in Ansible's Python "
+                f"({MITOGEN_IMPORT_ERROR}); pip install the mitogen that forja's pyproject.toml pins, "
+                "or unset ANSIBLE_STRATEGY / the play's strategy"
+            )
+else:
+    MITOGEN_IMPORT_ERROR = None
 
 __all__ = ["StrategyModule"]

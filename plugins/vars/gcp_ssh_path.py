@@ -15,19 +15,11 @@ plugin's values would override the user's group_vars; access.yml takes a variabl
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
-from typing import Any
-
-import yaml
-from ansible.inventory.group import Group
-from ansible.plugins.vars import BaseVarsPlugin
-
 DOCUMENTATION = r"""
 name: gcp_ssh_path
 short_description: Give every host the gcp_instance role's SSH path defaults, as one dict
 version_added: "0.2.0"
-author: forja contributors
+author: forja contributors (@forja)
 description:
   - Returns the C(gcp_instance_ssh_*) variables of the C(forja.gpu.gcp_instance) role's defaults
     (C(roles/gcp_instance/defaults/main.yml)) as the dict C(forja_ssh_path_defaults) of the group C(all).
@@ -52,6 +44,14 @@ EXAMPLES = r"""
 # group_vars/all/access.yml: the role's value when set, else its default
 ansible_user: "{{ gcp_instance_ssh_user | default(forja_ssh_path_defaults.gcp_instance_ssh_user) }}"
 """
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import yaml
+from ansible.inventory.group import Group
+from ansible.plugins.vars import BaseVarsPlugin
 
 #: Which of the role's defaults the hosts need: the SSH path, nothing else of the VM.
 PREFIX = "gcp_instance_ssh_"

@@ -37,8 +37,12 @@ from forja import (
     lifecycle,
     live,
     managed,
+    plan,
     preflight,
     prune,
+    queue,
+    snapshot,
+    sweep,
     training,
     vertex,
     zones,
@@ -76,6 +80,17 @@ class Forja(Session):
     stop = following.stop
     runs = following.runs
     live = staticmethod(live.samples)
+    run_snapshot = snapshot.load  # what a run ran (forja.snapshot): `forja runs --show`, `train --again`
+
+    # -- the run queue on each VM (forja.queue) ------------------------------------------------------
+    queue_cancel = queue.cancel
+    queue_move = queue.move
+    queue = queue.queue  # last: from here on, `queue` in this class body is the verb, not the module
+
+    # -- hyperparameter sweeps with Optuna, each trial a run (forja.sweep) ----------------------
+    sweep_resume = sweep.resume
+    sweep_status = sweep.status
+    sweep = sweep.sweep  # last: from here on, `sweep` in this class body is the verb, not the module
 
     # -- elsewhere: Vertex AI (forja.vertex), the Hub (forja.hub), the bucket (forja.datasets) ---
     vertex_follow = vertex.follow_run
@@ -91,6 +106,7 @@ class Forja(Session):
     rate = cost_report.rate
     run_cost = cost_report.run_cost
     estimate = cost_report.estimate
+    plan = plan.plan
 
     def ui(
         self,

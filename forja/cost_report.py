@@ -179,8 +179,8 @@ def estimate(
     the VMs' hourly rate, plus their disks. `forja train` shows it before sending.
 
     The VMs are `instances` or the inventory's (their records), every member of a cluster counted
-    ("2 × g2-standard-24"); with no earlier run the estimate has the rate and no time (the run it
-    precedes measures it).
+    ("2 × g2-standard-24"); with no earlier run the time is the one `forja plan` predicts on that
+    machine type, labelled predicted (the run it precedes measures it).
     """
     from forja.cost.cluster import fleet_rate
     from forja.cost.estimate import estimate
@@ -204,5 +204,12 @@ def estimate(
         disk = disk_month_usd(vms, table)
     except (PriceError, ValueError) as exc:
         raise errors.ConfigError("instances/prices", str(exc)) from exc
+    kinds = {vm.machine_type for vm in vms}
+    predict = None
+    if len(kinds) == 1:  # forja plan's prediction on that machine: the time when no run measured it
+        from forja.plan import prediction
+
+        machine = next(iter(kinds))
+        predict = lambda make: prediction(session, path, machine, make=make)  # noqa: E731
     return estimate(path, session.history, rate.usd_per_hour, rate.what,
-                    disk if any(vm.disks for vm in vms) else None, table.hours_per_month)
+                    disk if any(vm.disks for vm in vms) else None, table.hours_per_month, predict)

@@ -21,7 +21,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from forja import errors, module_utils
+from forja import consent, errors, module_utils
 
 if TYPE_CHECKING:
     from forja.session import Session
@@ -83,6 +83,9 @@ def push(
     retry_deadline_s: float = 300.0,
     on_progress: Callable[[Any], None] | None = None,
     to_host: bool = False,
+    yes: bool = False,
+    ask: Callable[[str], bool] | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> Any:
     """Push a dataset folder to the project's bucket as gs://BUCKET/datasets/NAME (NAME: the folder's).
 
@@ -97,6 +100,8 @@ def push(
     Runs on the hosts read it as gs://BUCKET/datasets/NAME, or staged on their disk (roles/dataset).
     Without a bucket (or with --to-host), the folder goes straight to <host_contract_data_dir>/NAME on
     the VMs (rsync over the inventory's SSH, each file's SHA-256 checked there; a RunResult is returned).
+    Before anything is sent, what will go is said (`say`) and the inventory's forja_upload_consent
+    applies, as for `train` (forja/consent.py: `ask` is the question for a person, `yes` skips it).
     """
     from forja import host_contract
 
@@ -109,6 +114,8 @@ def push(
     except mod.DatasetError as exc:
         raise errors.ConfigError(exc.field, exc.message.split(": ", 1)[1]) from None
     where = {"bucket": ""} if to_host else settings(forja, bucket)
+    going = f"the dataset {dataset} to {where['bucket'] or 'the VMs, straight to their disk'}"
+    consent.obtain(forja, consent.survey(folder.resolve(), excludes, going), yes=yes, ask=ask, say=say)
     if not where["bucket"]:
         if forja.inventory is None:
             raise errors.ConfigError("bucket", "no bucket and no inventory: give --bucket gs://BUCKET, or "
@@ -129,3 +136,45 @@ def push(
         raise errors.ForjaError(exc.message) from None
     except mod.DatasetError as exc:
         raise errors.ConfigError(exc.field, exc.message.split(": ", 1)[1]) from None
+
+
+def deletion_after_run(
+    session: Session, config: Path | None, *, bucket_copy: bool, asked: bool = True
+) -> dict[str, str]:
+    """`--delete-data-after [--delete-bucket-copy]` as trainer_run's variables: the run's dataset is
+    its config's `data_args.source` (a folder staged under the host's data folder, or
+    gs://BUCKET/datasets/NAME); the host removes it when the run completed and exported its model
+    (trainer/data_cleanup.py). ConfigError, before anything is sent, when the run names no dataset."""
+    import yaml
+
+    from forja import host_contract
+
+    if not asked:
+        if bucket_copy:
+            raise errors.ConfigError("--delete-bucket-copy", "goes with --delete-data-after; add it")
+        return {}
+    source = ""
+    if config is not None:
+        with open(config) as fh:
+            data = yaml.safe_load(fh)
+        args = data.get("data_args") if isinstance(data, dict) else None
+        source = str(args.get("source") or "") if isinstance(args, dict) else ""
+    data_dir = str(host_contract.value("data_dir")).rstrip("/")
+    named = source.startswith("gs://") or source.startswith(data_dir + "/")
+    if not named:
+        raise errors.ConfigError(
+            "--delete-data-after", f"the run names no dataset to delete: its config's data_args.source is "
+            f"{source or 'not set'}; it must be a dataset pushed with forja data push "
+            f"(gs://BUCKET/datasets/NAME, or {data_dir}/NAME on the VM). Leave --delete-data-after out "
+            "for a run without one")
+    if source.startswith("gs://"):
+        name = source.rstrip("/").rsplit("/", 1)[-1]
+        return {"trainer_run_delete_data": f"{data_dir}/{name}",
+                "trainer_run_delete_bucket_copy": source.rstrip("/") if bucket_copy else ""}
+    name = source[len(data_dir) + 1:].split("/", 1)[0]
+    bucket = settings(session, None)["bucket"].rstrip("/") if bucket_copy else ""
+    if bucket_copy and not bucket:
+        raise errors.ConfigError("--delete-bucket-copy", "no bucket to delete the copy from: the inventory "
+                                 "names no dataset_bucket or gcp_bucket_name")
+    return {"trainer_run_delete_data": f"{data_dir}/{name}",
+            "trainer_run_delete_bucket_copy": f"{bucket}/datasets/{name}" if bucket_copy else ""}

@@ -32,7 +32,8 @@ from forja.paths import forja_home
 from trainer.summary import Summary
 
 #: Statuses a run can have. "running" until the play (or a later status/fetch) says otherwise.
-STATUSES = ("running", "completed", "preempted", "diverged", "failed", "cancelled", "stopped", "unknown")
+STATUSES = ("queued", "running", "completed", "preempted", "diverged", "failed", "cancelled", "stopped",
+            "unknown")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -236,6 +237,8 @@ class History:
         """
         fields: dict[str, Any] = {"status": state.status if state.status in STATUSES else "unknown"}
         fields.update(summary_fields(state.summary or {}))
+        if state.final and (state.queue or {}).get("reason"):  # failed out of its host's queue: why
+            fields["message"] = f"queue: {state.queue['reason']}"
         try:
             record = self.get(state.run)
         except RunNotFound:
@@ -261,6 +264,10 @@ class History:
         else:
             changed = False
         if not state.final:
+            if record.status == "queued" and state.status == "running":  # the host's queue started it
+                self.update(state.run, status="running")
+                self.record_event(state.run, "admitted", waited_s=(state.queue or {}).get("waited_s"))
+                changed = True
             return changed
         current = {k: getattr(record, k) for k in fields}
         if current != fields or record.ended_at is None:

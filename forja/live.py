@@ -23,6 +23,7 @@ from typing import Any
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from forja import format as fmt
 from forja import host_contract
 from forja.errors import ExitCode, ForjaError
 
@@ -39,6 +40,13 @@ RUN_GAUGES: dict[str, str] = {
     "forja_cpu_utilization_ratio": "cpu_utilization",
     "forja_memory_used_bytes": "memory_used_bytes",
 }
+#: Run-level gauges served only once the run knows them (a token model's tokens/s; MFU where its FLOPs
+#: are known, against the datasheet peak and the measured ceiling: trainer.mfu), absent before.
+LATER_GAUGES: dict[str, str] = {
+    "forja_train_tokens_per_second": "tokens_per_second",
+    "forja_train_mfu_ratio": "mfu",
+    "forja_train_mfu_ceiling_ratio": "mfu_ceiling",
+}
 #: The phase gauge: forja_train_phase{phase="train"} = 1 for the phase the run is in.
 PHASE_GAUGE = "forja_train_phase"
 #: Per-GPU gauges (labelled gpu="<index>") and the `GpuSample` field each fills.
@@ -49,7 +57,7 @@ GPU_GAUGES: dict[str, str] = {
     "forja_gpu_power_watts": "power_watts",
 }
 #: Every metric name of the interface (Grafana's dashboard and the tests check against it).
-METRICS: tuple[str, ...] = (*RUN_GAUGES, PHASE_GAUGE, *GPU_GAUGES)
+METRICS: tuple[str, ...] = (*RUN_GAUGES, *LATER_GAUGES, PHASE_GAUGE, *GPU_GAUGES)
 
 
 class LiveError(ForjaError):
@@ -89,6 +97,10 @@ class LiveSample:
     total_steps: float | None = None
     loss: float | None = None
     samples_per_second: float | None = None
+    #: A token model's tokens/s; MFU against the datasheet peak and the measured ceiling (trainer.mfu).
+    tokens_per_second: float | None = None
+    mfu: float | None = None
+    mfu_ceiling: float | None = None
     eta_seconds: float | None = None
     cost_usd: float | None = None
     last_progress_timestamp: float | None = None
@@ -115,6 +127,20 @@ class LiveSample:
         return dataclasses.asdict(self)
 
 
+def throughput_words(samples_per_second: float | None, tokens_per_second: float | None) -> str:
+    """``1,234 samples/s``, with ``(81,000 tokens/s)`` for a token model (`forja top`, `forja ui`)."""
+    shown = fmt.per_second(samples_per_second, "samples")
+    return shown + (f"  ({fmt.per_second(tokens_per_second, 'tokens')})" if tokens_per_second else "")
+
+
+def mfu_words(of_peak: float | None, of_ceiling: float | None) -> str:
+    """Model FLOPs utilisation against the datasheet peak and the ceiling measured at the run's start
+    (trainer.mfu); a CPU run has only the second, a model whose FLOPs are unknown neither."""
+    parts = [f"{fmt.percent(of_peak)} of datasheet peak" if of_peak is not None else "",
+             f"{fmt.percent(of_ceiling)} of measured ceiling" if of_ceiling is not None else ""]  # fmt: skip
+    return ", ".join(p for p in parts if p) or fmt.MISSING
+
+
 def _number(value: float) -> float | None:
     """A GPU gauge's value; NaN (the exporter had no reading) is None."""
     return None if math.isnan(value) else float(value)
@@ -129,8 +155,9 @@ def parse(text: str, url: str = "", scraped_at: float | None = None) -> LiveSamp
         for sample in family.samples:
             labels = sample.labels
             run = run or labels.get("run", "")
-            if sample.name in RUN_GAUGES:
-                run_values[RUN_GAUGES[sample.name]] = float(sample.value)  # a NaN loss is the run's, said
+            if sample.name in RUN_GAUGES or sample.name in LATER_GAUGES:
+                field = RUN_GAUGES.get(sample.name) or LATER_GAUGES[sample.name]
+                run_values[field] = float(sample.value)  # a NaN loss is the run's, said
             elif sample.name == PHASE_GAUGE and sample.value == 1:
                 phase = labels.get("phase", "")
             elif sample.name in GPU_GAUGES and "gpu" in labels:

@@ -12,7 +12,9 @@ What it does each poll (playbooks/observe.yml reads the VM; changes nothing):
 - the start fails because the zone has no capacity left (ZONE_RESOURCE_POOL_EXHAUSTED), or the VM
   is gone (a Spot VM whose termination action is DELETE): delete what is left and create it in the
   next zone of the list, never the zone that just failed unless nothing else is left; configure it
-  with the same playbooks and send the run again, which resumes from the bucket's checkpoint;
+  with the same playbooks and send the run again, which resumes from the bucket's checkpoint; then
+  the VM's run queue as it last mirrored it to the bucket (read before the old VM goes), each run
+  queued again in its order with its own options (forja.queue.restore);
 - a Flex-start VM reached its max run duration (the run saved and mirrored its checkpoint a margin
   before, trainer/preemption.py): one Google stopped is started again (it queues for capacity
   anew); one Google deleted is made again, in its zone first;
@@ -310,6 +312,10 @@ class Watcher:
         self.down_usd_per_s = down_usd_per_s
         self.sleep = sleep
         self.last_step: int | None = None
+        #: The watched VM's name (observe.yml's key): its run queue's mirror is named for it.
+        self.vm_name: str | None = None
+        #: The VM's run queue as mirrored to the bucket, read by a zone move before the old VM goes.
+        self.mirrored_queue: list[dict[str, Any]] = []
 
     # -- observing ---------------------------------------------------------------------------
     def observe(self) -> InstanceState:
@@ -319,7 +325,8 @@ class Watcher:
                 f"observe.yml reported {len(found)} VMs ({', '.join(found) or 'none'}); "
                 "a managed run watches exactly one"
             )
-        return next(iter(found.values()))
+        self.vm_name = next(iter(found))
+        return found[self.vm_name]
 
     def run_status(self, vm: InstanceState) -> str | None:
         """The run's status from its host while the VM runs; otherwise what the history last knew.
@@ -360,9 +367,8 @@ class Watcher:
                     "brings it back if it is stopped by a host error, and moves it if the VM is gone"
                 )
             while True:
-                self._account(vm)  # the outage so far counts in this decision
                 status = self.run_status(vm)
-                decision = decide(vm, status, self.state.tally, self.budget, self.state.zones)
+                decision = self.act(vm, status)
                 if decision.action == "done":
                     self.say(f"stopped watching: {decision.reason}")
                     following.announce_end(self.session, self.state.run, status or "stopped", [],
@@ -374,13 +380,22 @@ class Watcher:
                         f"gave up on run {self.state.run}: {decision.reason}. The VM is left as it "
                         "is; `forja up` and `forja watch` start again by hand."
                     )
-                if decision.action == "restart":
-                    self._restart(vm, decision)
-                elif decision.action == "move":
-                    self._move(vm, decision)
-                else:
+                if decision.action == "watch":
                     self.sleep(self.poll_s)
                 vm = self.observe()
+
+    def act(self, vm: InstanceState, status: str | None) -> Decision:
+        """One look's work: count the outage so far, decide, and restart or move the VM when that is
+        the decision ("done" and "give_up" are the caller's). The loop of `run`; a sweep's runner calls
+        it on each look that finds its trials' VM down (forja.sweep_runners), so a VM still shutting
+        down is waited for, and one preemption is one recovery however often it is looked at."""
+        self._account(vm)  # the outage so far counts in this decision
+        decision = decide(vm, status, self.state.tally, self.budget, self.state.zones)
+        if decision.action == "restart":
+            self._restart(vm, decision)
+        elif decision.action == "move":
+            self._move(vm, decision)
+        return decision
 
     def _account(self, vm: InstanceState) -> None:
         """Count time and money down while the VM is not running; close the outage when it runs."""
@@ -449,13 +464,25 @@ class Watcher:
                "zone_scores": zone_advice.scores(report, ranked)}
         return tuple([*ranked, *failed]), why
 
+    def can_send_again(self) -> bool:
+        """Whether a move can send the work again on the new VM (a watcher started by hand cannot)."""
+        return bool(self.state.train)
+
+    def send_again(self) -> None:
+        """Send the run again on the VM a move made: it resumes from its newest checkpoint in the
+        bucket; then the runs of the old VM's queue (`mirrored_queue`). A sweep's watcher sends each of
+        its trials that were on that VM instead (they were its queue)."""
+        training.train(self.session, **{**self.state.train, "name": self.state.run, "wait": False})
+        self._restore_queue(self.mirrored_queue)
+
     def _move(self, vm: InstanceState, decision: Decision) -> None:
-        if not self.state.train:
+        if not self.can_send_again():
             raise WatchError(
                 f"run {self.state.run} must move out of {vm.zone or 'its zone'} ({decision.reason}), which "
                 "needs the run sent again; this watcher was started without how it was sent. Start managed "
                 "runs with `forja train --managed` (or Forja.train_managed)."
             )
+        self.mirrored_queue = self._mirrored_queue()  # before the new VM mirrors its own under the name
         if vm.exists:
             lifecycle.teardown(self.session, delete=True, extravars=zone_vars([vm.zone]))
         self._set_tally(recoveries=self.state.tally.recoveries + 1)
@@ -473,7 +500,29 @@ class Watcher:
         self.state.save()
         self._event("zone_moved", from_zone=vm.zone, to_zone=moved_to, zone_order=list(zones), **advice)
         lifecycle.configure(self.session, extravars=zone_vars(self.state.zones))
-        training.train(self.session, **{**self.state.train, "name": self.state.run, "wait": False})
+        self.send_again()
+
+    def _mirrored_queue(self) -> list[dict[str, Any]]:
+        """The VM's run queue as it last mirrored it to the bucket; [] when unknown (said, never fatal:
+        the watched run moves all the same)."""
+        from forja import queue as run_queue
+
+        try:
+            return run_queue.mirrored(self.session, self.vm_name) if self.vm_name else []
+        except Exception as exc:  # the bucket's client, auth, the network: the move must go on
+            self.say(f"the VM's run queue could not be read from the bucket ({type(exc).__name__}: "
+                     f"{str(exc)[:200]}); queued runs are not sent again (forja queue, forja train --queue)")
+            return []
+
+    def _restore_queue(self, entries: list[dict[str, Any]]) -> None:
+        """Queue the mirrored runs again on the new VM, in their order, and record it."""
+        from forja import queue as run_queue
+
+        if not entries:
+            return
+        sent = run_queue.restore(self.session, entries, training.train, skip=self.state.run, say=self.say)
+        if sent:
+            self._event("queue_restored", runs=sent)
 
 
 def checked_request(fallback_zones: Sequence[str], budget: RecoveryBudget | None) -> RecoveryBudget:

@@ -47,6 +47,9 @@ class TrainStatus:
     nnodes: int = 1
     #: Worker-group restarts of torchrun's elastic agent on this node (None: not an elastic run).
     elastic_restarts: int | None = None
+    #: Seconds the run waited in its host's queue: so far while "queued", in all once the queue started it
+    #: (None: it never went through a queue).
+    waited_s: float | None = None
 
     @classmethod
     def from_state(cls, host: str, state: runstate.RunState) -> TrainStatus:
@@ -58,6 +61,7 @@ class TrainStatus:
             total_steps=state.total_steps, loss=state.loss, exit_status=state.exit_status,
             restarts=state.restarts, node_rank=state.node_rank, summary=state.summary,
             journal=state.journal, nnodes=state.nnodes, elastic_restarts=elastic,
+            waited_s=(state.queue or {}).get("waited_s"),
         )
 
 

@@ -75,6 +75,9 @@ class RunState(BaseModel):
     #: lines; forja-train-state sends them with the journal.
     hook_log: str = ""
     hook_log_lines: int = 0
+    #: A run sent through the host's queue (forja/queue.py): while "queued" its position, priority,
+    #: waited_s, gpu_memory_mib and why it waits; once out, how it left (outcome), its wait, any reason.
+    queue: dict[str, Any] | None = None
     schema_version: int = Field(default=SCHEMA_VERSION, alias=SCHEMA_KEY)
 
     @property

@@ -66,6 +66,8 @@ class Session:
     Args:
         project_dir: the user's project folder: sent with the trainer by `train()` unless told
             otherwise, and home of fetched results (`<project_dir>/forja-runs/<run id>/<host>/`).
+            None: the current folder holds the results, and a run sends its config's or script's
+            own project (its git root; none for a built-in config: forja.project.default_project).
         inventory: inventory path(s), e.g. "inventory/sandbox" or "inventory/gcp_gpu.yml"; None reads
             FORJA_INVENTORY as the CLI does (`forja.inventory.chosen`), else ANSIBLE_INVENTORY; with
             none of them, a call that needs hosts raises ConfigError naming the choices, before
@@ -88,7 +90,7 @@ class Session:
 
     def __init__(
         self,
-        project_dir: str | Path = ".",
+        project_dir: str | Path | None = None,
         inventory: str | Path | Sequence[str | Path] | None = None,
         private_data_dir: str | Path | None = None,
         extravars: Mapping[str, Any] | None = None,
@@ -103,7 +105,9 @@ class Session:
     ) -> None:
         from forja import inventory as inventories
 
-        self.project_dir = Path(project_dir).expanduser().resolve()
+        self.project_dir = Path(project_dir or ".").expanduser().resolve()
+        #: The user named the project (else a run sends its config's or script's own: forja.project).
+        self.project_named = project_dir is not None
         self.inventory: str | list[str] | None = inventories.chosen(inventory)
         self.private_data_dir = Path(private_data_dir).resolve() if private_data_dir else None
         self.extravars = dict(extravars or {})
@@ -299,13 +303,23 @@ class Session:
         return inventory.gcp_instances(self.inventory)[0]
 
     # -- runs on the hosts and their results here -------------------------------------------
-    def project_folder(self, project: str | Path | None = None) -> Path | None:
-        """The folder sent with a run: `project` when given, else this session's project_dir unless
-        it sends none (send_project=False). ConfigError naming `project` when it is not a folder."""
-        folder = Path(project).expanduser().resolve() if project else (
-            self.project_dir if self.send_project else None
-        )
-        if folder is not None and not folder.is_dir():
+    def project_folder(
+        self, project: str | Path | None = None, config: str | Path | None = None,
+        script: str | Path | None = None,
+    ) -> Path | None:
+        """The folder sent with a run: `project` when given, else this session's project_dir when
+        the user named it, else the config's or script's own project (forja.project.default_project);
+        None when it sends none (send_project=False). ConfigError naming `project` when it is not a folder."""
+        from forja.project import default_project
+
+        if not project:
+            if not self.send_project or self.project_named:
+                return self.project_dir if self.send_project else None
+            found = default_project(*(Path(p).expanduser().resolve() if p is not None else None
+                                      for p in (config, script)), Path.cwd().resolve())
+            return found if found is not None and found.is_dir() else None  # a missing file: train says
+        folder = Path(project).expanduser().resolve()
+        if not folder.is_dir():
             raise errors.ConfigError("project", f"{project} is not a folder")
         return folder
 

@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from forja import format as fmt
+from forja import live
 from forja.live import LiveSample
 
 #: How old the last progress may be before top shows it in red (a stall is autostop's to judge).
@@ -48,7 +49,8 @@ def run_table(sample: LiveSample, now: float) -> Table:
         steps += f"  {_bar(fraction)} {fmt.percent(fraction)}"
     table.add_row("step", steps)
     table.add_row("loss", fmt.loss(sample.loss))
-    table.add_row("throughput", fmt.per_second(sample.samples_per_second, "samples"))
+    table.add_row("throughput", live.throughput_words(sample.samples_per_second, sample.tokens_per_second))
+    table.add_row("MFU", live.mfu_words(sample.mfu, sample.mfu_ceiling))
     table.add_row("eta", fmt.duration(sample.eta_seconds))
     table.add_row("cost so far", fmt.money(sample.cost_usd))
     age = sample.progress_age(now)

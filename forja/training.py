@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from forja import errors, following, host_contract, inventory, trainer_config
+from forja import consent, datasets, errors, following, host_contract, inventory, snapshot, trainer_config
 from forja import events as ev
 from forja import replace as replacement
 from forja.runs import RUN_NAME, TrainResult, config_hash, new_run_id, now
@@ -154,6 +154,15 @@ def train(
     notify: str | bool | None = None,
     hooks: Mapping[str, str | Path] | None = None,
     hook_timeout_s: int | None = None,
+    queue: bool = False,
+    priority: int | None = None,
+    gpu_memory: str | None = None,
+    queue_timeout_s: int | None = None,
+    yes: bool = False,
+    ask: Callable[[str], bool] | None = None,
+    say: Callable[[str], None] | None = None,
+    delete_data_after: bool = False,
+    delete_bucket_copy: bool = False,
 ) -> TrainResult:
     """Send the trainer (and the project), start the run as a systemd unit, follow it, fetch results.
 
@@ -205,16 +214,37 @@ def train(
     `hook_timeout_s` (None: the role's trainer_run_hook_timeout_s, 10) bounds each; after a stop or a
     preemption a hook gets at most what the checkpoint left of the stop grace. A hook that fails or
     hangs never blocks the stop; its output is in `forja logs`.
+
+    `queue=True` puts the run in its VM's queue instead of starting it (forja/queue.py): the VM starts
+    it when it fits on the GPU beside what runs, higher `priority` (an integer) first, then first come
+    first served; it keeps its place across a reboot. `gpu_memory` (e.g. "10GiB") is its peak; without
+    it the run spec's `gpu_memory:` or an earlier run of the same config says, else it takes the GPU
+    alone. A run still waiting after `queue_timeout_s` (default 600; 0: no limit) fails with what it
+    waited for.
+    With `wait=False` it returns at once with status "queued"; `forja queue` lists, moves and cancels.
+
+    The project sent is `project`, else the session's project_dir when it was given, else the
+    config's or script's own (its git root; none for a built-in config): forja/project.py. Before
+    anything is sent, what will go is said (`say`: files, size, what is left out and why) and the
+    inventory's `forja_upload_consent` applies (forja/consent.py): `never` refuses; `ask` asks
+    `ask(question)` when given (a person at a terminal) unless `yes`. The run's snapshot (the
+    project's git commit and uncommitted changes, the config, these options) is recorded
+    (forja/snapshot.py). `delete_data_after` removes the dataset the config reads
+    (data_args.source) from the VM once the run completed and exported its model, never after a
+    failure; with `delete_bucket_copy`, its bucket copy too (forja.datasets.deletion_after_run).
     """
     if backend != BACKENDS[0]:
         unsupported = {"extravars": dict(extravars or {}), "cluster": session.cluster, "replace": replace,
-                       "notify": notify, "hooks": dict(hooks or {}), "hook_timeout_s": hook_timeout_s}
+                       "notify": notify, "hooks": dict(hooks or {}), "hook_timeout_s": hook_timeout_s,
+                       "queue": queue}
         own = {"script": script, "args": list(args), "project": project, "excludes": list(excludes),
                "procs": procs, "plan": plan_run}  # the VM's check of a script, handed down to forja.vertex
         return _train_vertex(session, config, backend, vertex, unsupported, own=own, name=name, wait=wait,
                              fetch=fetch, checkpoints=checkpoints, timeout_s=timeout_s, poll_s=poll_s,
                              on_event=on_event, cancel=cancel)
-    project_dir = session.project_folder(project)
+    project_dir = session.project_folder(project, config, script)
+    if script is not None and not project and not session.project_named:
+        script = Path(script).expanduser().resolve()  # named from here; sent from its own project
     plan = plan_run(config, script, args, project_dir)
     planned_hooks = plan_hooks(hooks, project_dir)
     if hook_timeout_s is not None and (
@@ -231,10 +261,17 @@ def train(
     if procs is not None and (isinstance(procs, bool) or not isinstance(procs, int) or procs < 1):
         raise errors.ConfigError("procs", f"{procs!r} is not a number >= 1 (omit it: one per GPU)")
     inventory.required(session.inventory)  # no hosts named: stop before the history records a run
+    given_config = plan.extravars.get("trainer_run_config")
+    config_path = Path(given_config) if given_config else None
+    queued = _queue_vars(session, queue, priority, gpu_memory, queue_timeout_s, config_path)
+    deletion = datasets.deletion_after_run(session, config_path, bucket_copy=delete_bucket_copy,
+                                           asked=delete_data_after)
     following.notifications_for(session, notify)  # a missing or non-http(s) webhook: before anything
     session.chosen_cluster()  # nor a cluster the inventory does not have
     given = {**session.extravars, **(extravars or {})}
     _refuse_several_runs(session, given)
+    outgoing = consent.for_run(project_dir, excludes, plan.record_path)  # the last word before sending
+    consent.obtain(session, outgoing, yes=yes, ask=ask, say=say)
     replaced: replacement.SetAside | None = None
     if name is not None and replace:
         replaced = replacement.set_aside(session, name, plan.record_path, given)
@@ -243,6 +280,10 @@ def train(
     session.history.start(
         run_id, name=run_id, config_path=str(plan.record_path), config_hash=config_hash(plan.record_path)
     )
+    command = plan.extravars.get("trainer_run_command") or [None]
+    snapshot.record(session, run_id, project=project_dir, config=config_path, options={
+        "script": command[0], "args": command[1:], "excludes": list(excludes), "procs": procs,
+        "hooks": planned_hooks, "extravars": {**session.extravars, **(extravars or {})}})
     vars_ = {
         **plan.extravars,
         "trainer_run_name": run_id,
@@ -254,8 +295,10 @@ def train(
         "forja_history_record": False,  # this history records the run itself
         "trainer_run_refuse_completed": True,  # never the old run's results as the new one's
         **({"trainer_run_nproc_per_node": procs} if procs is not None else {}),
+        **deletion,
         **({"trainer_run_hooks": planned_hooks} if planned_hooks else {}),
         **({"trainer_run_hook_timeout_s": hook_timeout_s} if hook_timeout_s is not None else {}),
+        **queued,
         **({"trainer_run_replaced_as": replaced.aside,
             "trainer_run_replaced_bucket_moved": replaced.bucket is not None} if replaced else {}),
         **(extravars or {}),
@@ -297,15 +340,39 @@ def train(
             history.update(run_id, status="failed", hosts=hosts, ended_at=now(), message=why)
             following.announce(session, "run_failed", run_id, f"run {run_id} failed to start: {why[:300]}")
         result.raise_for_status()
-    history.update(run_id, hosts=hosts)
-    following.announce(session, "run_started", run_id, f"run {run_id} started on {', '.join(hosts)}")
+    if queued:
+        history.update(run_id, hosts=hosts, status="queued")
+        history.record_event(run_id, "queued", hosts=hosts)
+    else:
+        history.update(run_id, hosts=hosts)
+        following.announce(session, "run_started", run_id, f"run {run_id} started on {', '.join(hosts)}")
     if not wait:
         history.record_event(run_id, "detached", reason="detach")
-        return TrainResult(run_id, "running", hosts, {}, None, result, detached="detach",
-                           unchecked=plan.unchecked)
+        return TrainResult(run_id, "queued" if queued else "running", hosts, {}, None, result,
+                           detached="detach", unchecked=plan.unchecked)
     followed = following.follow(session, run_id, fetch=fetch, checkpoints=checkpoints, timeout_s=limit or 0,
                                 poll_s=poll, on_event=on_event, cancel=cancel)
     return dataclasses.replace(followed, playbook_result=result, unchecked=plan.unchecked)
+
+
+def _queue_vars(
+    session: Session, queue: bool, priority: object, gpu_memory: object, timeout_s: object,
+    config: Path | None = None,
+) -> dict[str, Any]:
+    """The role variables of a queued run (forja.queue.plan checks them; `config`, the built-in trainer's,
+    for its planned peak); {} for a run that starts now.
+    A priority, GPU memory or queue timeout without `queue` is refused: it would be ignored."""
+    if not queue:
+        given = [n for n, v in (("priority", priority), ("gpu_memory", gpu_memory),
+                                ("queue_timeout_s", timeout_s)) if v is not None]
+        if given:
+            raise errors.ConfigError(given[0], f"{' and '.join(given)}: only for a queued run, ignored "
+                                     "otherwise; add --queue (queue=True), or leave it out")
+        return {}
+    from forja import queue as run_queue  # the queue's checks load the host's rules only when asked
+
+    return run_queue.plan(session, priority=priority, gpu_memory=gpu_memory, timeout_s=timeout_s,
+                          config=config)
 
 
 def _train_vertex(

@@ -562,7 +562,9 @@ def own_code(
             "config", "a config is the built-in trainer's; on Vertex your script takes its settings as "
             "arguments after -- (forja train --script train.py --backend vertex -- --lr 3e-4)"
         )
-    project_dir = forja.project_folder(project)
+    project_dir = forja.project_folder(project, None, script)  # the script's own project, as on a VM
+    if script is not None and not project and not forja.project_named:
+        script = Path(script).expanduser().resolve()
     plan = own["plan"](None, script, args, project_dir)
     relative, *_ = plan.extravars["trainer_run_command"]
     code = OwnCode(project_dir, relative, tuple(args), excludes, procs)

@@ -39,6 +39,9 @@ os.environ.update(testsandbox.env())
 # history of their own still set FORJA_HOME themselves.
 os.environ["FORJA_HOME"] = tempfile.mkdtemp(prefix="forja-test-home-")
 atexit.register(shutil.rmtree, os.environ["FORJA_HOME"], ignore_errors=True)
+# Nor a `forja plan` (seconds of CPU) before each `forja train` of a config never run: the estimate's
+# use of the plan is proven once, in tests/cost/test_run_cost.py, which turns it back on.
+os.environ["FORJA_ESTIMATE_PLAN"] = "0"
 
 #: Where the run's time goes, per test phase and per fixture set-up (tests/timings.py).
 pytest_plugins = ["timings"]

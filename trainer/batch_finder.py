@@ -199,6 +199,9 @@ class BatchResult:
     margin: float = 0.0
     limited_by: str = "cap"
     cap: int = 0
+    #: Each trial that fit on a GPU: its measured max_memory_reserved in MiB, by micro-batch (what
+    #: `python -m trainer plan` predicts, to compare; empty on a CPU, whose allocator keeps no peak).
+    peak_reserved_mib: dict[int, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -401,6 +404,7 @@ def find_batch(
     key = cache_key(config, world.device, precision, channels_last, world.size, code, cap, objective_code)
     cached = read_cache(config, key) if use_cache else None
     trials: list[tuple[int, bool]] = []
+    peaks: dict[int, float] = {}
     if cached is not None:
         local_best, local_oom = cached
     else:
@@ -413,6 +417,7 @@ def find_batch(
                 model, loss_fn, train_data, world.device, precision, channels_last, config.lr, optimizer
             )
             search = grow_then_bisect(trial, cap)
+            peaks = {size: nbytes / 2**20 for size, nbytes in trial.peak_bytes.items()}
             del trial, model, optimizer
             free_memory(world.device)
         local_best, trials = search.best, search.trials
@@ -444,6 +449,7 @@ def find_batch(
         margin=margin,
         limited_by="memory" if memory_limited else "cap",
         cap=cap,
+        peak_reserved_mib=peaks,
     )
     if cached is None and world.local_rank == 0:
         write_cache(
@@ -460,10 +466,16 @@ def find_batch(
     return result
 
 
+def _peak(result: BatchResult, size: int) -> str:
+    return f" ({result.peak_reserved_mib[size]:,.0f} MiB)" if size in result.peak_reserved_mib else ""
+
+
 def format_result(result: BatchResult) -> str:
     """The finder's answer for a person: the limit, how it was found, and the plan that uses it."""
     plan = result.plan
-    tried = ", ".join(f"{size}{'' if ok else ' OOM'}" for size, ok in result.trials) or "none (cached)"
+    tried = ", ".join(
+        f"{size}{'' if ok else ' OOM'}{_peak(result, size)}" for size, ok in result.trials
+    ) or "none (cached)"
     return "\n".join(
         [
             f"device            {result.device} ({result.precision})",

@@ -1,4 +1,4 @@
-"""Command line: ``python -m trainer {train,find-batch,estimate,benchmark,report,export}``.
+"""Command line: ``python -m trainer {train,find-batch,estimate,plan,benchmark,report,export}``.
 
 Exit codes are the contract with systemd (the trainer_run role), defined once in
 :mod:`trainer.exit_codes`: 0 completed, 3 stopped by SIGTERM after a clean checkpoint (restart to
@@ -46,6 +46,29 @@ def _parser() -> argparse.ArgumentParser:
         "--memory-gb", type=float, help="device memory to plan for (default: this GPU, else 24 = L4)"
     )
     est.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    plan = sub.add_parser(
+        "plan",
+        help="Predict on this CPU the peak memory, largest micro-batch and step time on a GPU.",
+        description="Trace one training step under fake tensors (no memory, no GPU) and add the GPU's "
+        "constants (trainer/gpus.yaml): peak per micro-batch, the largest that fits, the accumulation "
+        "that keeps the global batch, the step time. Example: python -m trainer plan "
+        "trainer/configs/gpt.yaml --gpu L4",
+    )
+    plan.add_argument("config", help="YAML file, or a built-in name: digits, mnist")
+    plan.add_argument(
+        "--gpu", default="L4", help="L4 (default), T4, A100, A100-80GB, H100, H200, cpu, or a YAML file"
+    )
+    plan.add_argument("--gpus", type=int, default=1, help="GPUs (processes) on the machine (default 1)")
+    plan.add_argument(
+        "--vcpus", type=int, help="the machine's vCPUs, for data-loading workers (default: this one's)"
+    )
+    plan.add_argument("--measured", metavar="JSON",
+                      help="what an earlier run of this model measured on that GPU, to calibrate the plan: "
+                      '{"micro_batch": 8, "accum_steps": 8, "peak_reserved_mib": 9800, "step_s": 2.1, '
+                      '"source": "run gpt-3"}')
+    plan.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a config key (dotted for nested keys), repeatable")
+    plan.add_argument("--json", action="store_true", help="print JSON instead of a table")
     bench = sub.add_parser("benchmark", help="Matmul throughput, CPU vs GPU, and the fraction of peak.")
     bench.add_argument("--sizes", default="1024,2048,4096", help="square matrix sizes, comma-separated")
     bench.add_argument("--repeats", type=int, default=5, help="timed repetitions per size")
@@ -108,6 +131,15 @@ def _run(args: argparse.Namespace) -> int:
 
     from trainer.config import load
 
+    if args.command == "plan":
+        from trainer.plan import plan
+        from trainer.plan_format import format_plan
+
+        measured = json.loads(args.measured) if args.measured else None
+        config = load(args.config, args.overrides)
+        report = plan(config, args.gpu, args.gpus, vcpus=args.vcpus, measured=measured)
+        _print(report, args.json, format_plan(report))
+        return COMPLETED
     config = load(args.config, args.overrides)
     if args.command == "train":
         from trainer.finite import dumps

@@ -101,13 +101,18 @@ class ResumableSampler(Sampler[int]):
         gen = torch.Generator().manual_seed(epoch_seed(self.seed, self.epoch))
         return torch.randperm(self.length, generator=gen)
 
-    def __iter__(self) -> Iterator[int]:
+    def index_batches(self) -> Iterator[torch.Tensor]:
+        """This rank's micro-batches of indices, as tensors (what ``__iter__`` yields one by one)."""
         p, order = self.plan, self._permutation()
         for step in range(self.start_step, self.steps_per_epoch):
             block = order[step * p.global_batch : (step + 1) * p.global_batch]
             for micro in range(p.accum_steps):
                 first = (micro * p.world_size + self.rank) * p.micro_batch
-                yield from block[first : first + p.micro_batch].tolist()
+                yield block[first : first + p.micro_batch]
+
+    def __iter__(self) -> Iterator[int]:
+        for index in self.index_batches():
+            yield from index.tolist()
 
     def __len__(self) -> int:
         return (self.steps_per_epoch - self.start_step) * self.plan.accum_steps * self.plan.micro_batch
@@ -130,6 +135,24 @@ class TensorBatches(Dataset):
         return tuple(t[index] for t in self.tensors)
 
 
+class InMemoryBatches:
+    """The loader of an in-memory TensorDataset read by this process (no workers, no pinning): each
+    micro-batch is one fancy index with the sampler's index tensor, as a hand-written loop does.
+
+    Why not a DataLoader here: for a small model on a CPU its per-batch work (a profiler record, the
+    batch sampler's per-sample loop, the index list turned back into a tensor) was 1-2 % of a
+    digits step (bench/trainer_bench.py). The batches are the same, sample for sample.
+    """
+
+    def __init__(self, dataset: TensorDataset, sampler: ResumableSampler) -> None:
+        self.dataset, self.sampler = dataset, sampler
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        tensors = self.dataset.tensors
+        for index in self.sampler.index_batches():
+            yield tuple(t[index] for t in tensors)
+
+
 def keep_batch(batch: Any) -> Any:
     """collate_fn for :class:`TensorBatches`: the batch is already stacked."""
     return batch
@@ -150,8 +173,9 @@ def make_loader(
     num_workers: int,
     pin_memory: bool,
     collate_fn: Callable[[list[Any]], Any] | None = None,
-) -> tuple[DataLoader, torch.Generator]:
-    """A DataLoader over ``sampler`` with its own generator (re-seed it per epoch before ``iter``).
+) -> tuple[DataLoader | InMemoryBatches, torch.Generator]:
+    """A DataLoader over ``sampler`` with its own generator (re-seed it per epoch before ``iter``); an
+    in-memory TensorDataset read without workers gets :class:`InMemoryBatches` instead.
 
     With workers, a user's dataset is wrapped so each batch's random augmentation is seeded from
     (seed, epoch, batch) and a resumed run repeats it exactly (:mod:`trainer.seeding`).
@@ -178,6 +202,8 @@ def make_loader(
         )
         return loader, generator
     batched = isinstance(dataset, TensorDataset) and collate_fn is None
+    if batched and num_workers == 0 and not pin_memory and isinstance(sampler, ResumableSampler):
+        return InMemoryBatches(dataset, sampler), generator
     if not batched and num_workers > 0 and hasattr(dataset, "__getitem__"):
         dataset = WorkerSeeded(dataset, sampler.seed)
     return (
@@ -196,7 +222,7 @@ def make_loader(
 
 
 def epoch_iterator(
-    loader: DataLoader, generator: torch.Generator, seed: int, epoch: int, start_step: int
+    loader: DataLoader | InMemoryBatches, generator: torch.Generator, seed: int, epoch: int, start_step: int
 ) -> Iterator[Any]:
     """An iterator over the rest of ``epoch`` from ``start_step``; draws nothing from the global RNG."""
     if isinstance(loader.dataset, WindowSteps):  # windows -> steps -> micro-batches

@@ -28,6 +28,15 @@ HEADROOM = 0.9  # CUDA context, allocator rounding and fragmentation eat the res
 
 def activation_bytes(rt: Runtime, model: torch.nn.Module, batch: int) -> int:
     """Bytes autograd keeps alive between forward and backward for one micro-batch (unique storages)."""
+    sample = sample_batch(rt.train_data, batch, rt.world.device, rt.channels_last, rt.loss_fn.collate)
+    return saved_bytes(model, rt.loss_fn, sample, rt.precision)
+
+
+def saved_bytes(model: torch.nn.Module, loss_fn: Any, sample: Any, precision: str) -> int:
+    """What :func:`activation_bytes` measures, from the parts alone (``sample``: a collated batch on
+    the model's device). The plan's fallback (trainer.plan) uses it where fake tensors cannot follow
+    the model."""
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
     seen: dict[int, int] = {}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
@@ -36,16 +45,24 @@ def activation_bytes(rt: Runtime, model: torch.nn.Module, batch: int) -> int:
         return tensor
 
     param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    sample = sample_batch(rt.train_data, batch, rt.world.device, rt.channels_last, rt.loss_fn.collate)
-    with torch.random.fork_rng(devices=[rt.world.device] if rt.world.device.type == "cuda" else []):
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         with (
             torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
-            make_amp(rt.precision, rt.world.device.type).autocast(),
+            make_amp(precision, device.type).autocast(),
         ):
-            loss = rt.loss_fn(model, sample).loss
+            loss = loss_fn(model, sample).loss
         loss.backward()
     model.zero_grad(set_to_none=True)
     return sum(n for ptr, n in seen.items() if ptr not in param_ptrs)
+
+
+def fixed_bytes(config: Any, model: torch.nn.Module, precision: str) -> float:
+    """Weights, gradients, the optimizer's measured state and the autocast copy: what a step holds
+    whatever the batch (the same count :func:`estimate` makes)."""
+    n = sum(p.numel() for p in model.parameters())
+    state = _state_bytes(config, model, torch.device("cpu"))
+    half = HALF_COPY if precision in ("bf16", "fp16") else 0
+    return n * (BYTES_PER_PARAM["weights_fp32"] + BYTES_PER_PARAM["grads"] + half) + state
 
 
 def optimizer_state_bytes(rt: Runtime, model: torch.nn.Module) -> int:
@@ -55,7 +72,11 @@ def optimizer_state_bytes(rt: Runtime, model: torch.nn.Module) -> int:
     optimizer whatever it keeps. Per-step scalars (Adam's ``step``) are left out. The step runs on
     zero gradients of the throwaway estimate model.
     """
-    optimizer = build_optimizer(rt.config, model, rt.world.device)
+    return _state_bytes(rt.config, model, rt.world.device)
+
+
+def _state_bytes(config: Any, model: torch.nn.Module, device: torch.device) -> int:
+    optimizer = build_optimizer(config, model, device)
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
     optimizer.step()
@@ -75,7 +96,12 @@ def device_memory_gb(rt: Runtime, requested: float | None) -> tuple[float, str]:
     if rt.world.device.type == "cuda":
         total = torch.cuda.get_device_properties(rt.world.device).total_memory / GB
         return total, torch.cuda.get_device_name(rt.world.device)
-    return 24.0, "NVIDIA L4 (24 GB), the project's target GPU"
+    from trainer.gpus import MIB, named
+
+    l4 = named("L4")  # trainer/gpus.yaml: what nvidia-smi shows on a G2
+    if l4 is None:
+        raise RuntimeError("trainer/gpus.yaml has no L4 entry, the project's target GPU")
+    return l4.usable_mib * MIB / GB, f"NVIDIA L4 ({l4.usable_mib:,.0f} MiB usable), the project's target GPU"
 
 
 def estimate(

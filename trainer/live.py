@@ -118,6 +118,13 @@ class LiveMetrics:
         self.total_steps = gauge("forja_train_total_steps", "Steps the run will take.")
         self.loss = gauge("forja_train_loss", "Training loss at the last log step (mean over ranks).")
         self.samples_per_second = gauge("forja_train_samples_per_second", "Samples/s, last log window.")
+        # set at the first log step that knows them (a CNN has no tokens; a CPU no datasheet MFU):
+        # a reader sees them absent, not 0
+        self.tokens_per_second = self._later("forja_train_tokens_per_second", "Tokens/s, last log window.")
+        self.mfu = self._later("forja_train_mfu_ratio", "Model FLOPs utilisation against the datasheet peak.")
+        self.mfu_ceiling = self._later(
+            "forja_train_mfu_ceiling_ratio", "Model FLOPs utilisation against the measured matmul ceiling."
+        )
         self.eta = gauge("forja_train_eta_seconds", "Seconds left at this session's mean rate.")
         self.cost = gauge("forja_train_cost_usd", "USD spent so far: wall time (all sessions) x hourly rate.")
         self.last_progress = gauge("forja_train_last_progress_timestamp_seconds",
@@ -134,6 +141,9 @@ class LiveMetrics:
 
     def _gauge(self, name: str, doc: str) -> Any:
         return Gauge(name, doc, ["run"], registry=self.registry).labels(run=self.run)
+
+    def _later(self, name: str, doc: str) -> Gauge:
+        return Gauge(name, doc, ["run"], registry=self.registry)
 
     def serve(self, first_port: int, ports: int) -> int | None:
         """Listen on the first free port of ``first_port`` .. +ports-1, write live.json; None: all taken."""
@@ -164,10 +174,23 @@ class LiveMetrics:
             self.step.set(step)
         self.last_progress.set(time.time())
 
-    def logged(self, loss: float, samples_per_second: float, eta_s: float | None, data_wait_s: float) -> None:
-        """The numbers a log step computed (``data_wait_s``: the window's total wait)."""
+    def logged(
+        self,
+        loss: float,
+        samples_per_second: float,
+        eta_s: float | None,
+        data_wait_s: float,
+        utilisation: dict[str, float | None] | None = None,
+    ) -> None:
+        """The numbers a log step computed (``data_wait_s``: the window's total wait; ``utilisation``:
+        trainer.mfu.Utilisation.figures, whose known values become gauges)."""
         self.loss.set(loss)
         self.samples_per_second.set(samples_per_second)
+        figures = utilisation or {}
+        for gauge, key in ((self.tokens_per_second, "tokens_per_s"), (self.mfu, "mfu"),
+                           (self.mfu_ceiling, "mfu_ceiling")):  # fmt: skip
+            if figures.get(key) is not None:
+                gauge.labels(run=self.run).set(figures[key])
         if eta_s is not None:
             self.eta.set(eta_s)
         self.data_wait.inc(max(0.0, data_wait_s))

@@ -22,9 +22,10 @@ from torch.utils.data import DataLoader
 from trainer import metrics
 from trainer.checkpoint import CheckpointManager
 from trainer.config import TrainConfig
-from trainer.data import BatchPlan, ResumableSampler, StreamPosition
+from trainer.data import BatchPlan, InMemoryBatches, ResumableSampler, StreamPosition
 from trainer.divergence import Judge
 from trainer.live import LiveMetrics
+from trainer.mfu import Utilisation
 from trainer.mirror import CheckpointMirror
 from trainer.optim import Schedule
 from trainer.precision import Amp
@@ -37,7 +38,7 @@ class Feed:
 
     plan: BatchPlan
     sampler: ResumableSampler | StreamPosition
-    loader: DataLoader
+    loader: DataLoader | InMemoryBatches  # InMemoryBatches: a TensorDataset read by this process
     generator: torch.Generator  # the loader's own: re-seeded per epoch, so resume draws nothing global
 
 
@@ -52,7 +53,8 @@ class Net:
     schedule: Schedule
     amp: Amp
     n_params: int
-    flops_per_sample: float | None  # counted on a GPU only (for MFU)
+    flops_per_sample: float | None  # the model's own statement, else counted on a GPU only (for MFU)
+    utilisation: Utilisation = field(default_factory=Utilisation)  # MFU's inputs (trainer.mfu)
 
 
 @dataclass(frozen=True)

@@ -144,6 +144,8 @@ def progress_line(record: dict[str, Any], total_steps: int, eta_s: float | None)
         f"loss {figures.loss(record['loss'])}",
         f"lr {record['lr']:.2e}",
         figures.per_second(record["samples_per_s"], "samples"),
+        *([figures.per_second(record["tokens_per_s"], "tokens")] if record.get("tokens_per_s") else []),
+        *([mfu_text] if (mfu_text := mfu_words(record)) else []),
         f"data wait {100.0 * record['data_wait_s'] / max(record['step_time_s'], 1e-9):.0f}%",
     ]
     if record.get("gpu_mem_gb") is not None:
@@ -154,6 +156,17 @@ def progress_line(record: dict[str, Any], total_steps: int, eta_s: float | None)
     if eta_s is not None:
         parts.append(f"eta {figures.duration(eta_s)}")
     return " | ".join(parts)
+
+
+def mfu_words(record: dict[str, Any]) -> str:
+    """``MFU 34% (61% of measured)``: against the datasheet peak and the measured matmul ceiling, as
+    known (trainer.mfu); empty when neither is."""
+    peak, ceiling = record.get("mfu"), record.get("mfu_ceiling")
+    if peak is not None and ceiling is not None:
+        return f"MFU {100 * peak:.0f}% ({100 * ceiling:.0f}% of measured)"
+    if ceiling is not None:
+        return f"MFU {100 * ceiling:.0f}% of measured"
+    return f"MFU {100 * peak:.0f}%" if peak is not None else ""
 
 
 def process_started_monotonic() -> float:

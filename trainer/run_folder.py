@@ -21,6 +21,7 @@ The run folder is the trainer's ``out_dir`` (``FORJA_RUN_DIR`` for a script thro
     elastic.json            ELASTIC            forja-train-launch: this node's torchrun round
     COMPLETED               COMPLETED_MARKER   forja-train-launch: the run ended with exit 0
     hook.log                HOOK_LOG           forja-train-launch: the user's hooks' output and how each ended
+    packages.json           PACKAGES           forja-train-launch: the run's Python packages at its start
 
 and, in the run's prefix of a checkpoint bucket (``gs://BUCKET/PREFIX/<run>/``, trainer.mirror) and
 so in a Vertex AI run fetched from it, ``checkpoints/``, ``model/`` and ``logs/`` (LOGS_DIR: the
@@ -91,6 +92,9 @@ COMPLETED_MARKER = "COMPLETED"
 #: forja-train-launch: the output of the run's stop, preemption and down hooks, each framed by a line
 #: saying when it started and how it ended (`forja logs` shows it; forja-train-state reads it).
 HOOK_LOG = "hook.log"
+#: forja-train-launch: {"python": version, "packages": {name: version}} of the run's Python, at its start
+#: (the run's snapshot, forja/snapshot.py).
+PACKAGES = "packages.json"
 
 # -- the run's prefix in a checkpoint bucket (trainer.mirror) ----------------------------------------
 #: Where the mirror uploads LOGS and SUMMARY, beside CHECKPOINTS_DIR (and MODEL_DIR, trainer.export).

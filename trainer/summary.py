@@ -56,9 +56,30 @@ class Summary:
     micro_batch: int | None = None
     accum_steps: int | None = None
     global_batch: int | None = None
-    #: Training FLOPs per sample and model FLOPs utilisation (on a GPU with a known peak only).
+    #: Training FLOPs per sample: the model's own statement (trainer.gpt), else counted on a GPU.
     flops_per_sample: float | None = None
+    #: A token model's throughput (samples/s x tokens per sample) and the FLOP/s it achieved.
+    tokens_per_s: float | None = None
+    achieved_tflops: float | None = None
+    #: Model FLOPs utilisation against the datasheet peak (a GPU in trainer.hardware's table) and
+    #: against the matmul ceiling measured at the start (trainer.benchmark.matmul_ceiling), the
+    #: figures themselves (TFLOP/s), and why one is missing (trainer.mfu).
     mfu: float | None = None
+    mfu_ceiling: float | None = None
+    peak_tflops: float | None = None
+    ceiling_tflops: float | None = None
+    mfu_note: str | None = None
+    #: Seconds from the session's start (the process's, from the command line) to the loop's first
+    #: step: imports, data, model, resume.
+    startup_s: float | None = None
+    #: What the run measured, for the plan's calibration (trainer.plan, `forja plan --calibrate`):
+    #: seconds per optimizer step over this session's loop, and on a GPU the allocator's peaks
+    #: (torch.cuda.max_memory_allocated / max_memory_reserved, MiB) and the GPU's name. None on a
+    #: CPU: its allocator keeps no peak, and a process's RSS is not what a plan predicts.
+    step_s: float | None = None
+    peak_allocated_mib: float | None = None
+    peak_reserved_mib: float | None = None
+    gpu_name: str | None = None
     #: Each out-of-memory fallback: {"step", "from", "to"} micro-batches.
     oom_fallbacks: list[dict[str, int]] = field(default_factory=list)
     #: The user's script, for a run of their own loop (trainer.runlib).

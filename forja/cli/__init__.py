@@ -28,7 +28,7 @@ from typing import Annotated, Any
 
 import typer
 
-from forja.cli import cost, data, hosts, init, live, model, runs, train, vertex, zones
+from forja.cli import cost, data, hosts, init, live, model, plan, queue, runs, sweep, train, vertex, zones
 from forja.cli.common import EXIT_CODES_HELP, SUMMARY_SHOWN, Options
 
 __all__ = ["EXIT_CODES_HELP", "SUMMARY_SHOWN", "app"]
@@ -104,11 +104,14 @@ PARTS: tuple[typer.Typer, ...] = (
     init.commands,
     hosts.commands,
     train.commands,
+    plan.commands,
     runs.commands,
     live.commands,
+    queue.commands,
     cost.commands,
     data.commands,
     model.commands,
+    sweep.commands,
     vertex.commands,
     zones.commands,
 )

@@ -109,6 +109,23 @@ NotifyOption = Annotated[
                  "notify_webhook (a Slack or Discord incoming webhook works as it is). Never blocks the run.",
                  ),
 ]
+#: `--yes` of the verbs that upload (train, data push): send without asking (forja/consent.py).
+YesOption = Annotated[
+    bool,
+    typer.Option("--yes", "-y", help="Send without asking. Without it forja shows what will be sent (files, "
+                 "size, what is left out and why) and asks when you are at a terminal; in a script or CI it "
+                 "shows it and goes on. The inventory's forja_upload_consent: ask (default), always, or "
+                 "never (refuse every upload, even with --yes)."),
+]
+
+
+def asker(ctx: typer.Context) -> Callable[[str], bool] | None:
+    """The consent question for a person at a terminal (stdin and stderr), else None: nobody to ask."""
+    if global_options(ctx).json or not (sys.stdin.isatty() and console.is_terminal):
+        return None
+    return lambda question: typer.confirm(question, default=False, err=True)
+
+
 ClusterOption = Annotated[
     str | None,
     typer.Option("--cluster", help="A cluster of the inventory, named as its VMs are (gcp_instance_name "
@@ -334,7 +351,7 @@ def _report_detached(result: Any, timeout: float | None, as_json: bool) -> None:
         how_to_follow = how_to_follow_vertex
     limit = f" after the {fmt.duration(timeout)} --timeout" if timeout else ""
     why = {
-        "detach": "started",
+        "detach": "queued" if result.status == "queued" else "started",  # forja train --queue --detach
         "timeout": f"still running{limit}",
         "interrupted": "still running (Ctrl-C stopped following it, not the run)",
     }.get(result.detached, "still running")

@@ -22,7 +22,17 @@ from rich.table import Table
 
 from forja import format as fmt
 from forja.api import Forja
-from forja.cli.common import console, emit_json, forja_for, global_options, out, result_table, verb
+from forja.cli.common import (
+    YesOption,
+    asker,
+    console,
+    emit_json,
+    forja_for,
+    global_options,
+    out,
+    result_table,
+    verb,
+)
 from forja.datasets import PUSH_THREADS
 
 commands = typer.Typer(name="data", help="Datasets: push a folder to the project's bucket.",
@@ -51,6 +61,11 @@ def _bytes(n: int) -> str:
     return f"{value:.1f} TiB"
 
 
+def _say(text: str) -> None:
+    """What will be sent, for people (stderr, before the progress bar)."""
+    console.print(text, soft_wrap=True, highlight=False, markup=False)
+
+
 @verb(Forja.push_data, "push", register=commands.command)
 def push(
     ctx: typer.Context,
@@ -70,10 +85,13 @@ def push(
     to_host: Annotated[
         bool, typer.Option("--to-host", help="Straight to the VM's disk (rsync), even if there is a bucket.")
     ] = False,
+    yes: YesOption = False,
 ) -> None:
     forja = forja_for(ctx)
+    asking = {"yes": yes, "ask": asker(ctx), "say": _say}
     if global_options(ctx).json or to_host:
-        result = forja.push_data(path, name, bucket, threads=threads, excludes=exclude or [], to_host=to_host)
+        result = forja.push_data(path, name, bucket, threads=threads, excludes=exclude or [], to_host=to_host,
+                                 **asking)
         if global_options(ctx).json:
             emit_json(result.as_dict() if hasattr(result, "as_dict") else result)
         else:
@@ -90,7 +108,7 @@ def push(
                             total=p.bytes_total or None, files=f"{p.files_done}/{p.files_total} files")
 
         result = forja.push_data(path, name, bucket, threads=threads, excludes=exclude or [],
-                                 on_progress=on_progress)
+                                 on_progress=on_progress, **asking)
     if not hasattr(result, "uploaded_files"):  # no bucket anywhere: the playbook sent it straight to the VMs
         out.print(result_table(result))
         return

@@ -47,12 +47,14 @@ def status(
         emit_json(states)
         return
     table = Table(title="training runs")
-    for col in ("host", "run", "rank", "unit", "status", "step", "loss", "elastic restarts"):
-        table.add_column(col, justify="right" if col in ("step", "loss", "elastic restarts") else "left")
-    for s in states:  # rank and restarts of a run on several nodes (a cluster's members)
+    for col in ("host", "run", "rank", "unit", "status", "step", "loss", "elastic restarts", "waited"):
+        right = col in ("step", "loss", "elastic restarts", "waited")
+        table.add_column(col, justify="right" if right else "left")
+    for s in states:  # rank and restarts of a run on several nodes (a cluster's members); time in a queue
         table.add_row(s.host, s.run, f"{s.node_rank} of {s.nnodes}" if s.nnodes > 1 else "", s.unit_state,
                       s.status, steps(s.step, s.total_steps), fmt.loss(s.loss),
-                      "" if s.elastic_restarts is None else str(s.elastic_restarts))
+                      "" if s.elastic_restarts is None else str(s.elastic_restarts),
+                      "" if s.waited_s is None else fmt.duration(s.waited_s))
     out.print(table)
 
 
@@ -129,7 +131,16 @@ def runs(
     sync: Annotated[
         bool, typer.Option("--sync", help="First read every run on the hosts (adds runs started elsewhere).")
     ] = False,
+    show: Annotated[
+        str | None, typer.Option("--show", help="Show run RUN's snapshot instead: its project's git commit "
+                                 "and uncommitted changes (the patch is kept), its config and options, the "
+                                 "host's Python packages; forja train --again RUN sends it again. E.g. "
+                                 "forja runs --show digits-1.")
+    ] = None,
 ) -> None:
+    if show is not None:
+        _show(ctx, show)
+        return
     records = forja_for(ctx).runs(limit=limit, status=status_filter, sync=sync)
     if global_options(ctx).json:
         emit_json(records)
@@ -153,3 +164,14 @@ def runs(
     out.print(table)
 
 
+
+
+def _show(ctx: typer.Context, name: str) -> None:
+    """`forja runs --show RUN`: the run's snapshot (all of it under --json, packages included)."""
+    snap = forja_for(ctx).run_snapshot(name)
+    if global_options(ctx).json:
+        emit_json(snap.as_dict())
+        return
+    out.print(f"run {snap.run_id}")
+    for line in snap.lines():
+        out.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)

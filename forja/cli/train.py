@@ -14,12 +14,14 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperCommand
 
-from forja import trainer_config
+from forja import consent, snapshot, trainer_config
 from forja.api import Forja
 from forja.cli.common import (
     RUN_GOES_ON,
     ClusterOption,
     NotifyOption,
+    YesOption,
+    asker,
     console,
     exit_on_error,
     follow_command,
@@ -30,6 +32,7 @@ from forja.cli.common import (
 )
 from forja.errors import ConfigError, ForjaError
 from forja.managed import MAX_DOWN, MAX_RECOVERIES, POLL_S, RecoveryBudget, seconds
+from forja.runs import new_run_id
 from forja.training import BACKENDS
 from forja.vertex_job import DEFAULT_REGION, VertexOptions
 
@@ -160,9 +163,56 @@ def train(
         int | None, typer.Option("--hook-timeout", help="Seconds a hook may run before it is killed (default "
                                  "10; after a stop, at most what the checkpoint left of the stop grace).")
     ] = None,
+    queue: Annotated[
+        bool, typer.Option("--queue", help="Put the run in its VM's queue instead of starting it now: the VM "
+                           "starts it when it fits on the GPU, and it keeps its place across a reboot. "
+                           "`forja queue` lists, moves and cancels. E.g. forja train digits.yaml --queue "
+                           "--gpu-memory 6GiB --detach")
+    ] = False,
+    priority: Annotated[
+        str | None, typer.Option("--priority", help="With --queue: an integer, higher starts first "
+                                 "(default 0; the same priority goes first come first served).")
+    ] = None,
+    gpu_memory: Annotated[
+        str | None, typer.Option("--gpu-memory", help="With --queue: the run's peak GPU memory, e.g. "
+                                 "10GiB, so it may share the GPU. Default: the run spec's gpu_memory, else "
+                                 "an earlier run of the same config's peak, else unknown (it takes the GPU "
+                                 "alone).")
+    ] = None,
+    queue_timeout: Annotated[
+        int | None, typer.Option("--queue-timeout", help="With --queue: seconds it may wait before it is "
+                                 "failed with what it waited for (default 600; 0: no limit).")
+    ] = None,
+    yes: YesOption = False,
+    again: Annotated[
+        str | None, typer.Option("--again", help="Send run RUN again from its snapshot: the same config, "
+                                 "script, arguments and options, and the same code (its commit and "
+                                 "uncommitted changes, checked out in a temporary worktree when your tree "
+                                 "differs). forja runs --show RUN shows the snapshot; e.g. forja train "
+                                 "--again digits-1.")
+    ] = None,
+    delete_data_after: Annotated[
+        bool, typer.Option("--delete-data-after", help="Remove the run's dataset (its config's "
+                           "data_args.source, pushed with forja data push) from the VM's disk once the run "
+                           "completed and exported its model; never after a failed or stopped run.")
+    ] = False,
+    delete_bucket_copy: Annotated[
+        bool, typer.Option("--delete-bucket-copy", help="With --delete-data-after: remove its bucket copy "
+                           "too (gs://BUCKET/datasets/NAME; files another dataset shares are kept).")
+    ] = False,
 ) -> None:
     args = list(ctx.meta.get("forja_script_args", []))
     hooks = _hooks(hook or [])
+    # Asked here, before the progress display starts (and once: a managed run is sent again unattended).
+    sending = {"yes": True, "delete_data_after": delete_data_after, "delete_bucket_copy": delete_bucket_copy}
+    consenting = {"yes": yes, "ask": asker(ctx), "say": _said}
+    if again is not None:
+        if config is not None or script is not None:
+            raise ConfigError("--again", "takes the run's own config and script: leave CONFIG and --script "
+                              "out")
+        _train_again(ctx, again, name, sending, consenting, detach=detach, timeout=timeout, cluster=cluster,
+                     checkpoints=checkpoints, notify=notify)
+        return
     judged = _judge(ctx, config, script)
     if image and backend == BACKENDS[0]:
         raise ConfigError("--image", f"{image} would run on Vertex AI only: add --backend vertex")
@@ -173,30 +223,60 @@ def train(
             config, script=script, args=args, project=project, name=name, excludes=exclude or [],
             wait=not detach, checkpoints=checkpoints, timeout_s=timeout, procs=procs, cancel=interrupted,
             backend=backend, vertex=options, replace=replace, notify=notify, hooks=hooks,
-            hook_timeout_s=hook_timeout), timeout, cluster)  # fmt: skip
+            hook_timeout_s=hook_timeout, queue=queue), timeout, cluster)  # fmt: skip
         return
     if judged is not None:
         _show_estimate(ctx, judged, cluster)
+    if managed and queue:
+        raise ConfigError("--queue", "a --managed run starts at once and is watched; queue it without "
+                          "--managed (a queued run resumes after a reboot as any other)")
     if managed:
         with exit_on_error(ctx, RUN_GOES_ON):
             budget = _budget(max_recoveries, max_down, max_down_usd)
+            consent.ask_once(forja_for(ctx, cluster=cluster), project, config, script, exclude or [],
+                             **consenting)
             why = forja_for(ctx, cluster=cluster).train_managed(
                 config, fallback_zones=fallback_zone or [], budget=budget, poll_s=poll, say=_say,
                 script=str(script) if script else None, args=args, project=str(project) if project else None,
                 name=name, excludes=exclude or [], procs=procs, replace=replace, notify=notify, hooks=hooks,
-                hook_timeout_s=hook_timeout)
+                hook_timeout_s=hook_timeout, **sending)
             out.print(why)
         return
+    with exit_on_error(ctx, "cancelled"):  # a Ctrl-C at the question: nothing was sent
+        consent.ask_once(forja_for(ctx, cluster=cluster), project, config, script, exclude or [],
+                         **consenting)
     follow_command(
         ctx,
         lambda f, interrupted: f.train(
             config, script=script, args=args, project=project, name=name, excludes=exclude or [],
             wait=not detach, checkpoints=checkpoints, timeout_s=timeout, procs=procs, cancel=interrupted,
             replace=replace, notify=notify, hooks=hooks, hook_timeout_s=hook_timeout,
+            queue=queue, priority=priority, gpu_memory=gpu_memory, queue_timeout_s=queue_timeout, **sending,
         ),
         timeout,
         cluster,
     )
+
+
+def _train_again(ctx: typer.Context, run: str, name: str | None, sending: dict[str, Any],
+                 consenting: dict[str, Any], *, detach: bool, timeout: float | None, cluster: str | None,
+                 checkpoints: bool, notify: bool) -> None:
+    """`forja train --again RUN`: the run's snapshot sent as a new run (forja/snapshot.py says how the
+    code is put back); the temporary worktree, if one was needed, is removed when this returns."""
+    with snapshot.again(forja_for(ctx), run) as plan:
+        _say(plan.said)
+        opts = plan.options
+        given = Path(opts.get("script") or plan.config or run)
+        script = (plan.project / opts["script"]) if plan.project and opts.get("script") else None
+        consent.ask_once(forja_for(ctx, cluster=cluster), plan.project, plan.config, script,
+                         opts.get("excludes") or [], **consenting)
+        follow_command(ctx, lambda f, interrupted: f.train(
+            plan.config, script=opts.get("script"), args=opts.get("args") or [], project=plan.project,
+            name=name or new_run_id(given), excludes=opts.get("excludes") or [], wait=not detach,
+            checkpoints=checkpoints, timeout_s=timeout, procs=opts.get("procs"), cancel=interrupted,
+            notify=notify, hooks=opts.get("hooks") or None,
+            extravars={**(opts.get("extravars") or {}), **global_options(ctx).extravars},
+            **sending), timeout, cluster)  # fmt: skip
 
 
 def _hooks(given: list[str]) -> dict[str, str]:
@@ -259,6 +339,11 @@ def _show_estimate(ctx: typer.Context, config: Path, cluster: str | None = None)
 def _budget(recoveries: int, down: str, down_usd: float | None) -> RecoveryBudget:
     """The watcher's budget from the options (the API checks it, with the zones, before anything runs)."""
     return RecoveryBudget(recoveries, seconds(down, "--max-down"), down_usd)
+
+
+def _said(text: str) -> None:
+    """What will be sent (stderr); paths are text, never rich markup."""
+    console.print(text, soft_wrap=True, highlight=False, markup=False)
 
 
 def _say(line: str) -> None:

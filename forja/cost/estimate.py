@@ -4,15 +4,16 @@ Why measured first: a throughput from a model of the hardware is off by integer 
 loading, small batches, Python overhead); the run this config had last time is not. So the seconds
 per step come from the newest finished run of the same config in the history (the same bytes: its
 config hash), then from one of the same model, batch and precision (another length); its setup and
-evaluation time come along, since a run pays for them too (forja.cost.run). With no such run there is
-no honest time to give: the estimate says so and shows the rate, and the run it is about to send
-becomes the measurement for the next one.
+evaluation time come along, since a run pays for them too (forja.cost.run). With no such run the
+time is the one `forja plan` predicts (a traced training step against the GPU's measured rates),
+labelled "predicted" with how sure it is; the run it is about to send becomes the measurement for
+the next one, and the next estimate of the same config shows how far off the prediction was.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,27 @@ class Measured:
 
 
 @dataclasses.dataclass(frozen=True)
+class Predicted:
+    """What `forja plan` predicted for the config on the machine: seconds per optimizer step (how sure:
+    a relative bound), the steps, and the micro-batch plan and peak memory behind it."""
+
+    seconds_per_step: float
+    sure: float
+    how: str
+    steps: int
+    micro_batch: int
+    accum_steps: int
+    peak_mib: float
+
+    @classmethod
+    def from_plan(cls, plan: Mapping[str, Any]) -> Predicted:
+        step = plan["step_s"]
+        return cls(float(step["value"]), float(step["sure"]), str(step["how"]), int(plan["steps"]),
+                   int(plan["plan"]["micro_batch"]), int(plan["plan"]["accum_steps"]),
+                   float(plan["peak_mib"]["value"]))
+
+
+@dataclasses.dataclass(frozen=True)
 class RunEstimate:
     """The estimate `forja train` shows before sending: every figure None that cannot be known yet."""
 
@@ -53,6 +75,15 @@ class RunEstimate:
     vm_usd: float | None
     disk_usd: float | None
     total_usd: float | None
+    #: `forja plan`'s prediction: the time when no earlier run measured it, else what it is checked against.
+    predicted: Predicted | None = None
+
+    @property
+    def prediction_error(self) -> float | None:
+        """How far the plan's seconds per step were from the earlier run's measured ones (+: too slow)."""
+        if self.predicted is None or self.measured is None or not self.measured.seconds_per_step:
+            return None
+        return self.predicted.seconds_per_step / self.measured.seconds_per_step - 1
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -62,7 +93,15 @@ class RunEstimate:
         month = ""
         if self.disk_usd_per_month is not None:
             month = f", its disk {fmt.money(self.disk_usd_per_month)}/month"
-        m = self.measured
+        m, p = self.measured, self.predicted
+        if m is None and p is not None and self.total_usd is not None and self.seconds is not None:
+            speed = fmt.per_second(1 / p.seconds_per_step, "steps")
+            return (f"cost estimate (predicted): no earlier run of this config, so forja plan predicted it: "
+                    f"{fmt.count(self.steps)} steps at {speed} ({p.how}, ±{p.sure:.0%}; micro-batch "
+                    f"{p.micro_batch} x {p.accum_steps}, peak {fmt.count(round(p.peak_mib))} MiB)"
+                    f" = {fmt.duration(self.seconds)} at {fmt.hourly(self.usd_per_hour)} ({self.rate_what})"
+                    f" = about {fmt.money(self.total_usd)}{month}, setup and evaluation not included. "
+                    "This run is the measurement for the next.")
         if self.total_usd is None or self.seconds is None or m is None:
             why = ("no earlier run of this config (or of its model, batch and precision) to measure its speed"
                    if m is None else "its number of steps is not known before it runs")
@@ -70,10 +109,14 @@ class RunEstimate:
                     f"{month}. This run is the measurement for the next.")
         disk = "" if self.disk_usd is None else f" + disk {fmt.money(self.disk_usd)}"
         speed = fmt.per_second(1 / m.seconds_per_step, "steps")
+        error = self.prediction_error
+        checked = "" if error is None else (
+            f" (forja plan had predicted {fmt.per_second(1 / p.seconds_per_step, 'steps')}: {error:+.0%} "
+            "off the measured step time)" if p is not None else "")
         return (f"cost estimate: {fmt.count(self.steps)} steps at {speed} (measured by {m.run_id}, {m.how})"
                 f" + setup {fmt.duration(m.setup_s)} + evaluation {fmt.duration(m.evaluation_s)}"
                 f" = {fmt.duration(self.seconds)} at {fmt.hourly(self.usd_per_hour)} ({self.rate_what})"
-                f" = {fmt.money(self.vm_usd)}{disk}: about {fmt.money(self.total_usd)}")
+                f" = {fmt.money(self.vm_usd)}{disk}: about {fmt.money(self.total_usd)}{checked}")
 
 
 def _config(path: Path) -> dict[str, Any]:
@@ -124,22 +167,32 @@ def estimate(
     rate_what: str,
     disk_usd_per_month: float | None,
     hours_per_month: float = 730,
+    predict: Callable[[bool], Mapping[str, Any] | None] | None = None,
 ) -> RunEstimate:
     """The estimate of sending `path` (a trainer config) to a VM at `usd_per_hour` with its disks.
 
-    Steps come from the config (`steps`), or from the measured run when the config counts epochs.
+    Steps come from the config (`steps`), or from the measured run when the config counts epochs
+    (from the plan when there is none). `predict(make)` gives `forja plan`'s plan of the config on
+    the VM: a new one only when `make` (no earlier run measured it), else the kept one, if any.
     """
     config = _config(path)
     measured = measured_for(history, path, config)
+    found = predict(measured is None) if predict is not None else None
+    predicted = Predicted.from_plan(found) if found else None
     steps = config.get("steps") if not config.get("epochs") else None
     if steps is None and measured is not None and measured.how == "the same config":
         steps = measured.steps
+    if steps is None and measured is None and predicted is not None:
+        steps = predicted.steps
     seconds = vm_usd = disk_usd = total = None
+    if measured is None and predicted is not None and isinstance(steps, int):
+        seconds = steps * predicted.seconds_per_step
     if measured is not None and isinstance(steps, int):
         seconds = measured.setup_s + steps * measured.seconds_per_step + measured.evaluation_s
+    if seconds is not None:
         vm_usd = usd_per_hour * seconds / 3600.0
         if disk_usd_per_month is not None:
             disk_usd = disk_usd_per_month * seconds / 3600.0 / hours_per_month
         total = vm_usd + (disk_usd or 0.0)
     return RunEstimate(steps if isinstance(steps, int) else None, usd_per_hour, rate_what, disk_usd_per_month,
-                       measured, seconds, vm_usd, disk_usd, total)
+                       measured, seconds, vm_usd, disk_usd, total, predicted)

@@ -185,6 +185,12 @@ class Dashboard:
             "plots": [p.name for p in self.plots(record)],
         }
 
+    def sweeps(self) -> list[dict[str, Any]]:
+        """The sweeps kept here (forja.sweep.status: the studies only, no host asked), each trial a row."""
+        from forja import sweep
+
+        return [{**plain(report), "shown": views.sweep_rows(report)} for report in sweep.status(self.session)]
+
     def plots(self, record: Any) -> list[Path]:
         """The run's final plots, as fetched (its artifact folder's plots/*.png)."""
         folder = Path(record.artifact_dir) / run_folder.PLOTS_DIR if record.artifact_dir else None
@@ -281,6 +287,9 @@ def make_app(board: Dashboard, token: str, *, collect: bool = True) -> Starlette
     async def vm(request: Request) -> Response:
         return FiniteJSON(await asyncio.to_thread(board.vm))
 
+    async def sweeps(request: Request) -> Response:
+        return FiniteJSON({"sweeps": await asyncio.to_thread(board.sweeps)})
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         task = asyncio.create_task(_collect(board)) if collect else None
@@ -299,6 +308,7 @@ def make_app(board: Dashboard, token: str, *, collect: bool = True) -> Starlette
         Route("/api/runs/{run_id}/plots/{name}", plot),
         Route("/api/live", live),
         Route("/api/vm", vm),
+        Route("/api/sweeps", sweeps),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
     middleware = [

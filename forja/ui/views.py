@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from forja import format as fmt
+from forja.live import mfu_words, throughput_words
 
 
 def _gib(value: float | None) -> str:
@@ -20,7 +21,8 @@ def live(sample: Mapping[str, Any], now: float) -> dict[str, Any]:
     last = sample.get("last_progress_timestamp")
     figures = [
         ("loss", fmt.loss(sample.get("loss"))),
-        ("throughput", fmt.per_second(sample.get("samples_per_second"), "samples")),
+        ("throughput", throughput_words(sample.get("samples_per_second"), sample.get("tokens_per_second"))),
+        ("MFU", mfu_words(sample.get("mfu"), sample.get("mfu_ceiling"))),
         ("eta", fmt.duration(sample.get("eta_seconds"))),
         ("cost so far", fmt.money(sample.get("cost_usd"))),
         ("last progress", "" if last is None else f"{fmt.duration(max(0.0, now - last))} ago"),
@@ -91,3 +93,13 @@ def vm(line: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("disk per month", fmt.money(line.get("disk_usd_per_month")) or "-"),
     ]
 
+
+def sweep_rows(report: Any) -> list[dict[str, str]]:
+    """A sweep's trials as the dashboard's table shows them (forja.sweep.SweepReport)."""
+    return [{
+        "trial": str(row.number), "run": row.run, "state": row.state, "best": "best" if row.best else "",
+        "params": ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                            for k, v in row.params.items()),
+        "value": ", ".join(f"{v:.5g}" for v in row.values) if row.values else "",
+        "cost": fmt.money(row.cost_usd) if row.cost_usd is not None else "", "why": row.reason,
+    } for row in report.trials]

@@ -1,3 +1,5 @@
+# Copyright: forja contributors
+# Apache-2.0
 """forja_bundle's work: a reproducible, secret-free tarball of controller folders.
 
 Why here: the forja_bundle action plugin runs it inside Ansible's process on the controller (the
@@ -36,9 +38,13 @@ ARGUMENT_SPEC: dict[str, dict] = {
 class BundleError(Exception):
     """An input the bundle cannot be made from: the message names the option and the fix."""
 
-def collect(sources: list[dict], patterns: list[str], detect: bool) -> tuple[list, list, list]:
+
+def collect(
+    sources: list[dict], patterns: list[str], detect: bool, why: dict[str, str] | None = None
+) -> tuple[list, list, list]:
     """Walk the sources (forja_files: the same rules as the dataset push); return (files as
-    (archive name, path, executable)), excluded, secrets, each named prefix/relative/path."""
+    (archive name, path, executable)), excluded, secrets, each named prefix/relative/path.
+    `why`, when given, gets why each excluded path was left out (the pattern, the kind of key)."""
     files: list[tuple[str, str, bool]] = []
     excluded: list[str] = []
     secrets: list[str] = []
@@ -48,6 +54,8 @@ def collect(sources: list[dict], patterns: list[str], detect: bool) -> tuple[lis
         files += [(f"{prefix}/{item.rel}", item.path, item.executable) for item in found.files]
         excluded += [f"{prefix}/{rel}" for rel in found.excluded]
         secrets += [f"{prefix}/{rel}" for rel in found.secrets]
+        if why is not None:
+            why.update({f"{prefix}/{rel}": reason for rel, reason in found.why.items()})
     files.sort()
     return files, excluded, secrets
 
@@ -59,10 +67,11 @@ def missing_required(
     sources: list[dict],
     patterns: list[str],
     executable: list[str],
+    why: dict[str, str] | None = None,
 ) -> list[str]:
     """Why each required archive path is not packed (empty when all are), naming what left it out;
     and why each of `executable` (also required) would not run: a hook without its x bit."""
-    packed = {name: runs for name, _, runs in files}
+    packed = {name: runs for name, _path, runs in files}
     problems = []
     runnable = {e.strip("/") for e in executable}
     for want in dict.fromkeys(w.strip("/") for w in [*required, *executable]):
@@ -76,7 +85,8 @@ def missing_required(
         src = next((s for s in sources if want.startswith(s["prefix"].strip("/") + "/")), None)
         where = os.path.join(src["path"], want[len(src["prefix"].strip("/")) + 1 :]) if src else want
         if want in secrets:
-            problems.append(f"{want}: its content looks like a private key, so it is never sent")
+            kind = (why or {}).get(want, "its content looks like a private key")
+            problems.append(f"{want}: {kind}, so it is never sent")
         elif src is not None and not os.path.isfile(os.path.expanduser(where)):
             problems.append(f"{want}: {where} does not exist (or is not a file)")
         else:
@@ -106,7 +116,7 @@ def _info(name: str, size: int, executable: bool) -> tarfile.TarInfo:
 def write_archive(files: list[tuple[str, str, bool]], out: io.BufferedIOBase) -> int:
     """Reproducible tar.gz of `files` plus the manifest; returns the packed byte count."""
     total = 0
-    manifest = json.dumps({"files": [name for name, _, _ in files]}, indent=1).encode()
+    manifest = json.dumps({"files": [name for name, _path, _runs in files]}, indent=1).encode()
     with (
         gzip.GzipFile(filename="", mode="wb", fileobj=out, mtime=0) as gz,
         tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
@@ -128,7 +138,6 @@ def human(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
-
 def bundle(params: dict, check_mode: bool) -> dict:
     """Pack `params` (forja_bundle's options, validated); return forja_bundle's result.
 
@@ -140,15 +149,16 @@ def bundle(params: dict, check_mode: bool) -> dict:
             raise BundleError(f"sources[{i}]: needs 'path' (a controller folder) and 'prefix' (a name)")
         if not os.path.isdir(os.path.expanduser(src["path"])):
             raise BundleError(f"sources[{i}].path: {src['path']!r} is not a folder on the controller")
-    files, excluded, secrets = collect(sources, params["excludes"], params["detect_secrets"])
+    why: dict[str, str] = {}
+    files, excluded, secrets = collect(sources, params["excludes"], params["detect_secrets"], why)
     problems = missing_required(params["required"], files, secrets, sources, params["excludes"],
-                                params["required_executable"])
+                                params["required_executable"], why)
     if problems:
         raise BundleError("the bundle would lack what the run needs: " + "; ".join(problems))
     summary = {"excluded": len(excluded), "excluded_sample": excluded[:20], "secrets_excluded": secrets,
-               "files": len(files)}
+               "secrets_why": [f"{path} ({why[path]})" for path in secrets], "files": len(files)}
     if params["verify_only"]:
-        total = sum(os.path.getsize(path) for _, path, _ in files)
+        total = sum(os.path.getsize(path) for _name, path, _runs in files)
         return {"changed": False, "path": "", "name": "", "sha256": "", "sha1": "", "bytes": total,
                 "size_human": human(total), **summary}
 

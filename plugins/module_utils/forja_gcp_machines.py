@@ -91,6 +91,11 @@ ATTACHED_GPUS: dict[str, tuple[str, int]] = {
     m.name: (m.gpu_type, m.gpu_count) for m in MACHINE_TYPES.values() if m.gpu_type
 }
 
+# What each GPU model leaves for training and how fast it really is (usable memory, CUDA context,
+# measured matmul rates), for `forja plan`, lives in trainer/gpus.yaml keyed by these gpu_type names:
+# the trainer reads it standalone on a machine without forja (tests/cost/test_plan.py checks every
+# GPU here has an entry there).
+
 # Family prefix -> the machine type family users should pick for that GPU model.
 ATTACHED_FAMILY_OF_GPU = {
     "nvidia-l4": "G2 (g2-standard-*)",

@@ -1,4 +1,6 @@
 #!/usr/bin/python
+# Copyright: forja contributors
+# Apache-2.0
 """Ansible module forja_bundle: a reproducible, secret-free tarball of folders, built on the controller.
 
 The work is done by the action plugin of the same name (plugins/action/forja_bundle.py) inside Ansible's
@@ -17,13 +19,16 @@ description:
     so an unchanged project gives the same file and a later copy/unarchive reports no change.
   - The archive is reproducible - entries sorted, times, owners and gzip header zeroed, modes normalised to
     0644 or 0755 - so its hash depends on the file contents and names only.
-  - Files and folders matching O(excludes) are skipped; with O(detect_secrets) files that look like private
-    keys or service-account keys are skipped too, whatever their name, and reported.
+  - Files and folders matching O(excludes) are skipped; with O(detect_secrets) files that hold a private
+    key or Google credentials in a known format are skipped too, whatever their name, and reported with
+    the kind of key each holds. Source code that only mentions a key (a test with a PEM string) is sent.
   - The archive holds a C(.forja-bundle) manifest (JSON) listing what was packed; roles use it as the
     C(creates) marker when unpacking.
   - "Run it on the controller (C(delegate_to: localhost)); it never reads or writes on managed hosts."
 version_added: "0.1.0"
-author: forja
+author: forja contributors (@forja)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 options:
   sources:
     description:
@@ -42,7 +47,9 @@ options:
     default: []
   detect_secrets:
     description:
-      - Also leave out files whose first 64 KiB contain a PEM private key or a Google service-account key.
+      - Also leave out files that hold a private key or Google credentials, by their content in the first
+        64 KiB - a line that opens a PEM, OpenSSH, PGP or PuTTY private key, or a JSON file of Google
+        credentials (a service-account key, user credentials with a refresh token).
     type: bool
     default: true
   dest:
@@ -77,6 +84,8 @@ attributes:
     support: full
   diff_mode:
     support: none
+  platform:
+    platforms: posix
 """
 
 EXAMPLES = r"""
@@ -128,7 +137,7 @@ bytes:
   returned: always
   type: int
 size_human:
-  description: O(bytes) for people (KiB, MiB).
+  description: RV(bytes) for people (KiB, MiB).
   returned: always
   type: str
   sample: 1.3 MiB
@@ -142,8 +151,14 @@ excluded_sample:
   type: list
   elements: str
 secrets_excluded:
-  description: Paths left out because their content looks like a private key or a service-account key.
+  description: Paths left out because their content is a private key or Google credentials.
   returned: always
   type: list
   elements: str
+secrets_why:
+  description: RV(secrets_excluded), each followed by the kind of key it holds, for people.
+  returned: always
+  type: list
+  elements: str
+  sample: ["project/keys/deploy (its content is an OpenSSH private key)"]
 """

@@ -46,10 +46,16 @@ def forja(th6: testhosts.Host, workspace: Path) -> Forja:
     )
 
 
+#: A staged dataset the run is told to remove once it completed (--delete-data-after, as the role takes it).
+STAGED = "/var/lib/forja/data/api-demo"
+
+
 @pytest.fixture(scope="module")
-def trained(forja: Forja) -> tuple[object, list[ev.Event]]:
+def trained(forja: Forja, th6: testhosts.Host) -> tuple[object, list[ev.Event]]:
     seen: list[ev.Event] = []
-    result = forja.train(DIGITS, name="digits-api", poll_s=1, on_event=seen.append)
+    ssh(th6, f"sudo mkdir -p {STAGED} && echo x | sudo tee {STAGED}/part-0 >/dev/null")
+    result = forja.train(DIGITS, name="digits-api", poll_s=1, on_event=seen.append,
+                         extravars={"trainer_run_delete_data": STAGED})
     return result, seen
 
 
@@ -94,6 +100,18 @@ def test_the_project_was_sent_without_its_env_file(th6: testhosts.Host, trained:
     assert "mypkg/__init__.py" in listing
     assert ".env" not in listing
     assert "do-not-send" not in ssh(th6, "sudo cat /opt/forja/code/*/project/* 2>/dev/null || true")
+
+
+def test_the_completed_run_took_its_staged_dataset_and_left_its_snapshot(
+    forja: Forja, th6: testhosts.Host, trained: tuple, workspace: Path
+) -> None:
+    # the unit's ExecStopPost (root) removes it just after the run's end: give it a few seconds
+    said = ssh(th6, f"for i in $(seq 30); do [ -e {STAGED} ] || {{ echo gone; exit 0; }}; sleep 1; done; "
+                    "echo there")
+    assert said.strip() == "gone", ssh(th6, "sudo journalctl -u forja-train@digits-api -n 30 --no-pager")
+    snap = forja.run_snapshot("digits-api")
+    assert snap.facts["project"] == str(workspace / "project") and snap.facts["git"] is False
+    assert snap.packages.get("torch"), "the run's Python packages came back with its results"
 
 
 def test_iter_events_streams_any_method_then_its_result(forja: Forja, trained: tuple) -> None:

@@ -158,13 +158,23 @@ def test_a_longer_run_of_the_same_model_is_estimated_from_its_speed(ran: dict[st
     assert found.steps == 6000 and found.seconds > 6000 * found.measured.seconds_per_step
 
 
-def test_with_no_earlier_run_the_estimate_says_so_and_gives_the_rate(ran: dict[str, Any]) -> None:
-    other = ran["root"] / "other.yaml"
-    other.write_text(yaml.safe_dump({"model": "trainer.demo:digits_cnn", "data": "trainer.demo:digits",
-                                     "steps": 100, "batch_size": 64}))  # fmt: skip
-    found = ran["forja"].estimate(other, [VM])
-    assert found.measured is None and found.total_usd is None
-    assert "no earlier run" in found.describe() and "$0.56/h" in found.describe()
+def test_with_no_earlier_run_the_estimate_is_the_plans_prediction_labelled_so(
+    ran: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FORJA_ESTIMATE_PLAN", "1")  # tests/conftest.py turns it off for the rest
+    again = ran["root"] / "again-planned.yaml"
+    again.write_bytes(ran["config"].read_bytes())
+    no_history = Forja(project_dir=ran["root"], inventory=None, history=History(ran["root"] / "empty.sqlite"))
+    found = no_history.estimate(again, [VM])
+    assert found.measured is None and found.predicted is not None
+    assert found.seconds == pytest.approx(STEPS * found.predicted.seconds_per_step)
+    assert found.total_usd == pytest.approx(found.seconds * SPOT / 3600 + found.disk_usd)
+    line = found.describe()
+    assert "predicted" in line and "no earlier run" in line and "$0.56/h" in line and "±25%" in line
+    # once a run of that config measured it, the estimate says how far off the kept prediction was
+    measured = ran["forja"].estimate(again, [VM])
+    assert measured.measured.run_id == "digits-a" and measured.prediction_error is not None
+    assert "forja plan had predicted" in measured.describe()
 
 
 def test_a_missing_config_is_a_clear_error(ran: dict[str, Any]) -> None:

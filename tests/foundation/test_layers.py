@@ -26,7 +26,8 @@ LAYERS: dict[str, int] = {
         ("forja.lifecycle", "forja.preflight", "forja.following", "forja.training", "forja.replace",
          "forja.datasets", "forja.colab", "forja.cost_report", "forja.hub", "forja.managed", "forja.vertex",
          "forja.vertex_job", "forja.ui", "forja.ui.server", "forja.ui.views", "forja.ui.vendor",
-         "forja.top", "forja.zones", "forja.prune", "forja.deletion"), 2),
+         "forja.top", "forja.zones", "forja.prune", "forja.deletion", "forja.sweep",
+         "forja.sweep_runners", "forja.queue", "forja.plan"), 2),
     "forja.api": 3,
     "forja.cli": 4,
     "forja.cost.__main__": 4,  # `python -m forja.cost`: the `forja cost` command under another name

@@ -49,6 +49,7 @@ ON_DISK = {
     "ELASTIC": "elastic.json",
     "COMPLETED_MARKER": "COMPLETED",
     "HOOK_LOG": "hook.log",
+    "PACKAGES": "packages.json",
     "LOGS_DIR": "logs",
     "TMP_MARK": ".tmp.",
 }
@@ -100,7 +101,7 @@ def test_what_cannot_import_it_spells_the_same_names() -> None:
     """The launcher (a shell script) and the roles' YAML keep literals: the module's, exactly."""
     launcher = (REPO / "roles/trainer_run/files/forja-train-launch").read_text()
     for name in (run_folder.COMPLETED_MARKER, run_folder.LAUNCHER_LOCK, run_folder.LAUNCHER_EXITS,
-                 run_folder.ELASTIC, run_folder.HOOK_LOG, run_folder.STOP_REQUESTED):
+                 run_folder.ELASTIC, run_folder.HOOK_LOG, run_folder.STOP_REQUESTED, run_folder.PACKAGES):
         assert f'"$FORJA_OUT/{name}"' in launcher, name
     assert f"$FORJA_OUT/{run_folder.CHECKPOINTS_DIR}}}" in launcher  # FORJA_CHECKPOINT_DIR's default
     tasks = REPO / "roles/trainer_run/tasks"

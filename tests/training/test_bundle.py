@@ -76,7 +76,7 @@ def test_a_file_the_run_needs_that_would_be_left_out_fails_naming_why(tmp_path: 
     rc, out = bundle({**base, "excludes": ["*.py"], "required": ["project/train.py"]})
     assert rc != 0 and "project/train.py: left out by the exclude pattern '*.py'" in out["msg"], out
     rc, out = bundle({**base, "required": ["project/notes.txt"]})
-    assert rc != 0 and "looks like a private key" in out["msg"], out
+    assert rc != 0 and "its content is an OpenSSH private key" in out["msg"], out
     rc, out = bundle({**base, "required": ["project/gone.py"]})
     assert rc != 0 and "does not exist" in out["msg"], out
     assert not dest.exists()

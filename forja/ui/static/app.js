@@ -260,6 +260,27 @@ function drawCharts(name) {
   state.charts.util.setData([times, points.map((p) => percent(p.cpu)), points.map((p) => percent(p.gpu))]);
 }
 
+// -- the sweeps (forja sweep): each a table of its trials, the best in bold --------------------------
+async function refreshSweeps() {
+  const data = await get("/api/sweeps");
+  const box = document.getElementById("sweeps");
+  document.getElementById("sweeps-section").hidden = !data.sweeps.length;
+  box.replaceChildren();
+  for (const sweep of data.sweeps) {
+    box.appendChild(make("h3", `${sweep.name}: ${sweep.metrics.join(", ")} (${sweep.directions.join(", ")})${sweep.stopped ? "; " + sweep.stopped : ""}`));
+    const table = make("table");
+    table.appendChild(wrap("thead", row(["trial", "run", "parameters", "value", "state", "cost", ""])));
+    const body = make("tbody");
+    for (const trial of sweep.shown) {
+      const tr = row([trial.trial, trial.run, trial.params, trial.value, badge(trial.state), trial.cost, trial.best || trial.why], [0, 3, 5]);
+      if (trial.best) tr.classList.add("selected");
+      body.appendChild(tr);
+    }
+    table.appendChild(body);
+    box.appendChild(table);
+  }
+}
+
 // -- the loops -------------------------------------------------------------------------------------
 function every(ms, work) {
   const tick = async () => {
@@ -272,3 +293,4 @@ function every(ms, work) {
 every(LIVE_MS, refreshLive);
 every(RUNS_MS, async () => { await refreshRuns(); await refreshDetail(); });
 every(VM_MS, refreshVms);
+every(RUNS_MS, refreshSweeps);

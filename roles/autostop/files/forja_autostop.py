@@ -142,6 +142,13 @@ MIRROR_RECORD_VERSION = 1
 #: bucket mirror writes beside it (trainer/mirror.py MARKER_SUFFIX); tests/gcp/test_prune.py pins both.
 CHECKPOINT_RE = re.compile(r"^ckpt-(\d+)\.pt$")
 MARKER_SUFFIX = ".complete.json"
+#: The run queue (trainer_run's files/forja_queue.py): its folder inside run_dir and the status its
+#: admission pass writes there (QUEUE_DIR_NAME, STATUS_FILE; tests/training/test_queue.py keeps them equal).
+QUEUE_DIR = ".queue"
+QUEUE_STATUS = "status.json"
+#: A queue status older than this says the admission pass no longer runs (forja-queue.timer runs it every
+#: 30 s): its waiting runs would never start, so they keep nothing up.
+QUEUE_STALE_S = 300.0
 
 
 class ConfigError(ValueError):
@@ -442,6 +449,34 @@ def kernel_signals(
     return busy, notes, last_activity
 
 
+def queue_signals(run_dir: str, now: float) -> tuple[list[str], list[str]]:
+    """The host's run queue as reasons to stay up and notes. A queued run that can start is work: the
+    queue starts it as soon as the GPU frees, so the VM must not stop in that gap. A run that can never
+    start (it needs more GPU memory than the GPU has; the queue fails it out with that reason) is not,
+    nor is a queue whose admission has stopped looking: a queue stuck on what cannot run lets the VM stop
+    instead of keeping it up forever."""
+    try:
+        with open(os.path.join(run_dir, QUEUE_DIR, QUEUE_STATUS), encoding="utf-8") as handle:
+            status = json.load(handle)
+    except (OSError, ValueError):
+        return [], []
+    if not isinstance(status, dict):
+        return [], []
+    busy: list[str] = []
+    failed = sorted((status.get("failed") or {}).items())
+    notes = [f"queued run {run} can never start: {why}" for run, why in failed]
+    waiting = [w for w in status.get("waiting") or [] if isinstance(w, dict)]
+    age = now - float(status.get("updated_at") or 0)
+    if waiting and age > QUEUE_STALE_S:
+        notes.append(f"run queue not looked at for {age / 60:.0f} min (forja-queue.timer stopped?): "
+                     f"{len(waiting)} queued run(s) cannot start")
+        return busy, notes
+    for entry in waiting:
+        text = f"queued run {entry.get('run')}: {entry.get('reason') or 'waits to start'}"
+        (busy if entry.get("runnable", True) else notes).append(text)
+    return busy, notes
+
+
 def observe(config: dict[str, Any], now: float) -> dict[str, Any]:
     """Every signal, as reasons to stay up (busy), notes (why it looks idle), and the last activity.
 
@@ -466,6 +501,9 @@ def observe(config: dict[str, Any], now: float) -> dict[str, Any]:
     busy += [f"training unit {unit} running" for unit in units]
     if not units:
         notes.append("no training unit")
+    queue_busy, queue_notes = queue_signals(config["run_dir"], now)
+    busy += queue_busy
+    notes += queue_notes
     utilisation, gpu_status = gpu_utilisation(config["nvidia_smi"])
     if utilisation is None:
         notes.append(gpu_status)

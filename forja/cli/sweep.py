@@ -1,0 +1,150 @@
+"""`forja sweep CONFIG --space SPACE --trials N`, `forja sweep status [NAME]`, `forja sweep resume NAME`.
+
+A group whose first word is either a sub-command (status, resume) or the config of a new sweep: the
+group's click class sends `forja sweep CONFIG ...` to its `start` command, so the common case reads
+as one verb. Each command is one `Forja` method (forja/sweep.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import click
+import typer
+from rich.table import Table
+from typer.core import TyperGroup
+
+from forja import format as fmt
+from forja.api import Forja
+from forja.cli.common import console, emit_json, forja_for, global_options, out, verb
+from forja.cli.train import FallbackZones, MaxDown, MaxDownUsd, MaxRecoveries
+from forja.managed import MAX_DOWN, MAX_RECOVERIES, RecoveryBudget, seconds
+from forja.sweep import POLL_S, SweepReport
+
+
+class _ConfigFirst(TyperGroup):
+    """`forja sweep CONFIG ...` is `forja sweep start CONFIG ...`; `status` and `resume` are themselves."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+            args = ["start", *args]
+        return super().parse_args(ctx, args)
+
+
+commands = typer.Typer(
+    name="sweep", cls=_ConfigFirst, no_args_is_help=True,
+    help="Hyperparameter sweeps with Optuna, each trial a forja run: `forja sweep CONFIG --space SPACE "
+    "--trials N`, then `forja sweep status` and `forja sweep resume NAME`.",
+)
+
+
+def _say(line: str) -> None:
+    console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
+def _value(values: list[float] | None) -> str:
+    return ", ".join(f"{v:.5g}" for v in values) if values else "-"
+
+
+def _table(report: SweepReport) -> Table:
+    objectives = ", ".join(f"{m} ({d})" for m, d in zip(report.metrics, report.directions, strict=True))
+    table = Table(title=f"sweep {report.name}: {objectives}; spent {fmt.money(report.spent_usd)}; "
+                        f"driven {fmt.duration(report.driven_s)}",
+                  caption=(report.stopped or "") + (f"; plots in {Path(report.folder) / 'plots'}"
+                                                    if report.plots else ""))
+    for column in ("trial", "run", "parameters", "value", "state", "cost", "time", "note"):
+        table.add_column(column, justify="right" if column in ("trial", "value", "cost", "time") else "left")
+    for row in report.trials:
+        params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                           for k, v in row.params.items())
+        table.add_row(str(row.number), row.run, params, _value(row.values), row.state,
+                      fmt.money(row.cost_usd) if row.cost_usd is not None else "-",
+                      fmt.duration(row.seconds) if row.seconds is not None else "-",
+                      "best" if row.best else row.reason,
+                      style="bold" if row.best else None)
+    return table
+
+
+def _show(ctx: typer.Context, reports: list[SweepReport], as_json: bool = False, *, one: bool = True) -> None:
+    """The sweeps as tables, or under --json one document: the sweep (`one`), else the list of them."""
+    if as_json or global_options(ctx).json:
+        emit_json(reports[0] if one else reports)
+        return
+    if not reports:
+        out.print("no sweeps yet; start one: forja sweep CONFIG --space space.yaml --trials 8")
+    for report in reports:
+        out.print(_table(report))
+
+
+PollOption = Annotated[float, typer.Option("--poll", min=1.0,
+                                           help="Seconds between two looks at the trials.")]
+
+
+@verb(Forja.sweep, "start", register=commands.command,
+      on_interrupt="interrupted; the trials already sent go on; `forja sweep resume NAME` picks the sweep up",
+      epilog="Example: forja sweep trainer/configs/digits.yaml --space examples/sweep/space.yaml --trials 8 "
+             "--max-usd 2 --fallback-zone us-east1-b (a preempted trial resumes from its checkpoint; a VM "
+             "that is gone is made again in us-east1-b, as for forja train --managed)")
+def start(
+    ctx: typer.Context,
+    config: Annotated[Path, typer.Argument(help="The trainer config YAML every trial starts from.")],
+    space: Annotated[Path, typer.Option("--space",
+                                        help="The search space YAML (examples/sweep/space.yaml).")],
+    trials: Annotated[int, typer.Option("--trials", help="How many trials in all.")],
+    parallel: Annotated[int, typer.Option("--parallel", help="Trials at once, one per GPU.")] = 1,
+    cluster: Annotated[str | None, typer.Option("--cluster", help="Spread the trials over this cluster's "
+                                                "VMs, "
+                                                "one trial per VM.")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="The sweep's name (its trials are NAME-tNNN); "
+                                             "default: the config's name and the time.")] = None,
+    max_usd: Annotated[float | None, typer.Option("--max-usd", help="Send no new trial once the trials "
+                                                  "cost this much in all.")] = None,
+    max_hours: Annotated[float | None, typer.Option("--max-hours", help="Send no new trial after this many "
+                                                    "hours.")] = None,
+    direction: Annotated[list[str] | None, typer.Option("--direction", help="minimize or maximize, once per "
+                                                        "--metric (default: the space's objectives, else "
+                                                        "minimize).")] = None,
+    metric: Annotated[list[str] | None, typer.Option("--metric", help="A field of the run's summary to "
+                                                     "optimise, repeatable (default eval_loss).")] = None,
+    project: Annotated[Path | None, typer.Option("--project", help="Your project folder, sent with each "
+                                                 "trial.")] = None,
+    no_prune: Annotated[bool, typer.Option("--no-prune", help="Let every trial run to its end.")] = False,
+    local: Annotated[bool, typer.Option("--local", help="Run the trials as trainer processes on this "
+                                        "machine (a CPU-sized sweep), not on the VMs.")] = False,
+    fallback_zone: FallbackZones = None,
+    max_recoveries: MaxRecoveries = MAX_RECOVERIES,
+    max_down: MaxDown = MAX_DOWN,
+    max_down_usd: MaxDownUsd = None,
+    poll: PollOption = POLL_S,
+) -> None:
+    api = forja_for(ctx, cluster=cluster)
+    budget = RecoveryBudget(max_recoveries, seconds(max_down, "--max-down"), max_down_usd)
+    report = api.sweep(config, space=space, trials=trials, parallel=parallel, name=name,
+                       metrics=metric or (), directions=direction or (), max_usd=max_usd,
+                       max_hours=max_hours, project=project, prune=not no_prune, local=local,
+                       fallback_zones=fallback_zone or (), budget=budget, poll_s=poll, say=_say)
+    _show(ctx, [report])
+
+
+@verb(Forja.sweep_status, "status", register=commands.command)
+def status(
+    ctx: typer.Context,
+    name: Annotated[str | None, typer.Argument(help="One sweep (default: every sweep kept here).")] = None,
+    as_json: Annotated[bool, typer.Option("--json",
+                                          help="Print one JSON document (as forja --json).")] = False,
+) -> None:
+    _show(ctx, forja_for(ctx).sweep_status(name), as_json, one=name is not None)
+
+
+@verb(Forja.sweep_resume, "resume", register=commands.command,
+      on_interrupt="interrupted; the trials already sent go on; `forja sweep resume NAME` picks the sweep up")
+def resume(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="The sweep to go on with (forja sweep status lists them).")],
+    project: Annotated[Path | None, typer.Option("--project", help="Your project folder on this machine, "
+                                                 "when not where the sweep started.")] = None,
+    poll: PollOption = POLL_S,
+) -> None:
+    report: Any = forja_for(ctx).sweep_resume(name, project=project, poll_s=poll, say=_say)
+    _show(ctx, [report])

@@ -34,16 +34,14 @@ loop (`Watcher`) only observes, decides and calls forja's verbs (`forja.lifecycl
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
-import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from forja import errors, following, lifecycle, machines, module_utils, runstate, training
+from forja import errors, following, lifecycle, machines, module_utils, process_lock, runstate, training
 from forja import format as fmt
 from forja import zones as zone_advice
 from forja.contract import InstanceState
@@ -239,31 +237,11 @@ class WatchState:
         tmp.replace(path)
 
 
-@contextlib.contextmanager
-def watch_lock(run: str) -> Iterator[None]:
+def watch_lock(run: str) -> contextlib.AbstractContextManager[None]:
     """Hold the run's watcher lock, or refuse naming the process that holds it."""
-    path = forja_home() / "watch" / f"{run}.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            raise WatchError(
-                f"run {run!r} is already watched ({holder}); two watchers would both restart and move "
-                f"the VM. Stop that one first, or let it go on."
-            ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%dT%H:%M:%S%z')}")
-        handle.flush()
-        try:
-            yield
-        finally:
-            handle.seek(0)
-            handle.truncate()
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    return process_lock.held(forja_home() / "watch" / f"{run}.lock", lambda holder: WatchError(
+        f"run {run!r} is already watched ({holder}); two watchers would both restart and move "
+        f"the VM. Stop that one first, or let it go on."))
 
 
 def seconds(text: str, option: str) -> float:

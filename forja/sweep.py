@@ -26,21 +26,19 @@ it failed) is a trial user attribute, so the study alone is the sweep's whole st
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
-import os
 import re
 import shutil
 import sqlite3
 import tempfile
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from forja import errors, managed, sweep_space
+from forja import errors, managed, process_lock, sweep_space
 from forja import format as fmt
 from forja.paths import forja_home
 from forja.runs import RUN_NAME, now
@@ -582,27 +580,12 @@ class Driver:
                      "the next trial's end tries again")
 
 
-@contextlib.contextmanager
-def driving(spec: SweepSpec) -> Iterator[None]:
+def driving(spec: SweepSpec) -> contextlib.AbstractContextManager[None]:
     """One controller drives a sweep at a time: two would ask, send and tell over each other in one
     SQLite study (the writer Optuna's FAQ warns about). A second is refused naming the first."""
-    path = spec.folder / "driver.lock"
-    with open(path, "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            raise errors.ConfigError("name", f"sweep {spec.name} is already being driven "
-                                     f"({handle.read().strip() or 'another process'}); let it go on, or stop "
-                                     f"it (Ctrl-C) and `forja sweep resume {spec.name}`") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()} since {now()}")
-        handle.flush()
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    return process_lock.held(spec.folder / "driver.lock", lambda holder: errors.ConfigError(
+        "name", f"sweep {spec.name} is already being driven ({holder}); let it go on, or stop it "
+        f"(Ctrl-C) and `forja sweep resume {spec.name}`"))
 
 
 def _shown(value: Any) -> str:

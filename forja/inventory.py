@@ -327,7 +327,9 @@ def read(inventory: Inventory = None, *, cwd: Path | None = None) -> InventoryDa
     for source in _sources(inventory):
         cmd += ["-i", source]
     env = {**os.environ, "ANSIBLE_INJECT_FACT_VARS": "False", **STRICT_INVENTORY, **ansible_env()}
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=cwd or REPO_ROOT, env=env)
+    # stdin is never read, and Ansible refuses to start on a non-blocking one (a parent's pipe).
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=cwd or REPO_ROOT, env=env,
+                          stdin=subprocess.DEVNULL)
     if proc.returncode != 0:
         not_parsed = unparsed(proc.stderr)
         if not_parsed is not None:

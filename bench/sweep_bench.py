@@ -33,7 +33,7 @@ GOAL = 0.10
 
 
 def main() -> int:
-    from forja import following, sweep_runners
+    from forja import following
     from forja.api import Forja
     from forja.cost.run import RunFiles
     from forja.history import History
@@ -67,8 +67,7 @@ def main() -> int:
             start = next((e["time"] for e in files.events if e.get("event") == "start"), None)
             trials.append((row, start, files.summary.get("time"), files.summary.get("wall_s")))
     print(f"\nsweep {name} on the sandbox: {args.trials} trials of {args.steps} steps, one at a time; "
-          f"{wall:.0f} s in all; the next trial "
-          f"{'waits in the VM run queue' if sweep_runners.queue_supported() else 'is sent when one ends'}")
+          f"{wall:.0f} s in all; the next trial waits in the VM run queue")
     print(f"{'trial':>5} {'state':9} {'trial s':>8} {'gap s':>7} {'gap/trial':>9}")
     ratios = []
     for (_, _, end, _), (after, start, _, trial_s) in itertools.pairwise(trials):

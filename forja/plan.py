@@ -6,7 +6,8 @@ machine catalog and the prices. forja checks the machine and the GPU count again
 before anything runs, then runs ``python -m trainer plan`` here (PyTorch from the ``trainer``
 extra; no GPU, no VM) and prices its time at the machine's on-demand and Spot rates. The GPU
 constants live in one table, ``trainer/gpus.yaml``, keyed by the catalog's GPU names: the trainer
-reads it standalone, forja reads the same file to check a machine has constants before it starts.
+reads it standalone, and forja reads it through the same reader (trainer/gpus.py, no torch) to
+check a machine has constants before it starts.
 
 With ``calibrate`` the newest fetched run of the same model on the same GPU model that recorded its
 measured peak and step time (trainer/train.py writes them into summary.json) scales the plan:
@@ -22,7 +23,6 @@ import json
 import os
 import subprocess
 import sys
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ import yaml
 from forja import errors, machines
 from forja.init import DEFAULT_ZONE
 from forja.session import Session
+from trainer.gpus import gpu_table
 
 #: The machine a plan targets unless told: the project's VM (one L4).
 DEFAULT_MACHINE = "g2-standard-8"
@@ -64,12 +65,6 @@ class PlanReport:
         return dataclasses.asdict(self)
 
 
-def gpu_constants() -> dict[str, Any]:
-    """trainer/gpus.yaml's table by catalog GPU name, read as data (no torch needed)."""
-    text = resources.files("trainer").joinpath("gpus.yaml").read_text()
-    return dict(yaml.safe_load(text)["gpus"])
-
-
 def check_machine(machine: str, gpus: int | None) -> tuple[Any, int]:
     """The catalog's entry for ``machine`` and the GPU count to plan for; ConfigError naming the fix."""
     known = machines.machine_types()
@@ -93,7 +88,7 @@ def check_machine(machine: str, gpus: int | None) -> tuple[Any, int]:
         raise errors.ConfigError(
             "gpus", f"{machine} has {found.gpu_count} x {found.gpu_type}, not {count}; "
             f"give --gpus {allowed}{better}")
-    if found.gpu_type not in gpu_constants():
+    if found.gpu_type not in gpu_table():
         raise errors.ConfigError(
             "machine", f"no plan constants for {found.gpu_type} ({machine}); add it to trainer/gpus.yaml "
             "or plan for a machine whose GPU is there")
@@ -107,7 +102,7 @@ def measured_run(
     same GPU model: its micro-batch, accumulation, peak reserved memory and seconds per step."""
     from forja.cost.run import RunFiles
 
-    aliases = [a.lower() for a in gpu_constants()[gpu].get("aliases", [])]
+    aliases = [a.lower() for a in gpu_table()[gpu].aliases]
     for record in session.history.list(limit=limit):
         if not record.artifact_dir:
             continue

@@ -11,7 +11,6 @@ tier drives the whole loop with real trainer runs.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import math
 import os
@@ -273,13 +272,6 @@ def _tail(path: Path) -> str:
 
 
 # -- the inventory's VMs ----------------------------------------------------------------------------
-def queue_supported() -> bool:
-    """Whether `forja train` can put a run in the VM's run queue (`queue=True`), in this forja."""
-    from forja import training
-
-    return "queue" in inspect.signature(training.train).parameters
-
-
 def gpus_of(host: Any) -> int:
     """A host's GPUs: its machine type's in forja's catalog (g2-standard-8: one L4); 1 for a host
     the catalog does not know (an own machine trains one trial at a time)."""
@@ -322,12 +314,12 @@ class VmRunner:
     back by a managed watcher per VM (`TrialsWatcher`): started again in its zone, or made again in the
     next of `fallback_zones` when it is gone or its zone has no capacity, its trials sent again there."""
 
-    def __init__(self, session: Any, *, project: Path | None, queue: bool | None = None, name: str = "sweep",
+    def __init__(self, session: Any, *, project: Path | None, queue: bool = True, name: str = "sweep",
                  fallback_zones: Sequence[str] = (), budget: managed.RecoveryBudget | None = None,
                  say: Callable[[str], None] = print) -> None:
         self.session = session
         self.project = project
-        self.queue = queue_supported() if queue is None else queue
+        self.queue = queue
         chosen = session.chosen_cluster()
         hosts = {h.name: h for h in session.hosts()}
         names = list(chosen.members) if chosen is not None else sorted(hosts)

@@ -283,7 +283,7 @@ def train(
     command = plan.extravars.get("trainer_run_command") or [None]
     snapshot.record(session, run_id, project=project_dir, config=config_path, options={
         "script": command[0], "args": command[1:], "excludes": list(excludes), "procs": procs,
-        "hooks": planned_hooks, "extravars": {**session.extravars, **(extravars or {})}})
+        "hooks": planned_hooks, "extravars": given})
     vars_ = {
         **plan.extravars,
         "trainer_run_name": run_id,

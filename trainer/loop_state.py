@@ -53,8 +53,9 @@ class Net:
     schedule: Schedule
     amp: Amp
     n_params: int
-    flops_per_sample: float | None  # the model's own statement, else counted on a GPU only (for MFU)
-    utilisation: Utilisation = field(default_factory=Utilisation)  # MFU's inputs (trainer.mfu)
+    # MFU's inputs (trainer.mfu): FLOPs per sample (the model's own statement, else counted on a GPU
+    # only), tokens per sample, the datasheet peak and the measured ceiling
+    utilisation: Utilisation = field(default_factory=Utilisation)
 
 
 @dataclass(frozen=True)

@@ -529,8 +529,7 @@ def build_net(rt: Runtime, plan: BatchPlan, total_steps: int) -> Net:
     schedule = Schedule(config, optimizer, total_steps)  # before a resume loads the optimizer's LRs
     amp = make_amp(rt.precision, device.type)
     params = [p for p in raw_model.parameters() if p.requires_grad]
-    return Net(raw_model, model, params, optimizer, schedule, amp, n_params,
-               utilisation.flops_per_sample, utilisation)  # fmt: skip
+    return Net(raw_model, model, params, optimizer, schedule, amp, n_params, utilisation)
 
 
 def resolve_config(rt: Runtime, out: Path, plan: BatchPlan) -> TrainConfig:
@@ -1103,7 +1102,7 @@ def write_run_summary(p: Parts, s: LoopState, loop_s: float) -> dict[str, Any]:
         micro_batch=plan.micro_batch,
         accum_steps=plan.accum_steps,
         global_batch=plan.global_batch,
-        flops_per_sample=p.net.flops_per_sample,
+        flops_per_sample=p.net.utilisation.flops_per_sample,
         **p.net.utilisation.figures(samples_per_s),
         **p.net.utilisation.describe(),
         startup_s=round(s.loop_start - s.clock.start, 3),

@@ -38,13 +38,13 @@ def config(tmp_path: Path) -> Path:
 
 def test_every_gpu_of_the_machine_catalog_has_plan_constants_with_their_sources() -> None:
     from forja.machines import catalog
-    from forja.plan import gpu_constants
+    from trainer.gpus import gpu_table
 
-    table = gpu_constants()
+    table = gpu_table()
     gpus = {m.gpu_type for m in catalog().MACHINE_TYPES.values() if m.gpu_type} | {"nvidia-tesla-t4"}
     assert gpus <= set(table), gpus - set(table)
-    for name, entry in table.items():
-        assert set(entry["sources"]) >= {"usable_mib", "context_mib", "tflops"}, name
+    for name, spec in table.items():
+        assert set(spec.sources) >= {"usable_mib", "context_mib", "tflops"}, name
 
 
 def test_an_unknown_machine_type_is_refused_naming_close_ones(forja: Forja, config: Path) -> None:

@@ -15,6 +15,11 @@ independent of the dispatch-level tracking the prediction uses. On a GPU it is t
 allocator's ``max_memory_allocated`` (compared with the traced peak) and ``max_memory_reserved``
 (compared with traced x (1 + allocator overhead)). The target's speed constants are measured here,
 now (matmul rate, bandwidth, per-op host time): the time model is what is checked, not the table.
+On a CPU the plan times each op alone at its traced shapes, on the values of one real step of two
+samples, and the host's cost per op call on that same step: what is checked is how the step's time
+grows with the micro-batch from there. ``--cache-dir`` to an empty folder times every op now, under
+the same load as the real steps (the op times otherwise come from the configs' cache). Timings on a
+machine others share move by 10-20 % between runs: run it more than once and read the spread.
 
 Largest micro-batch: for a memory budget set between two measured peaks, the largest micro-batch the
 measured peaks fit against the largest the traced ones do (both found by bisection). Goals: peak
@@ -123,8 +128,9 @@ def largest(fits: Any, cap: int) -> int:
 
 
 def bench_model(config_name: str, overrides: list[str], sizes: tuple[int, ...], device: torch.device,
-                spec: GpuSpec) -> dict[str, Any]:
-    config = load(config_name, [*overrides, f"device={device.type}"])
+                spec: GpuSpec, cache_dir: Path | None = None) -> dict[str, Any]:
+    more = [f"cache_dir={cache_dir}"] if cache_dir else []
+    config = load(config_name, [*overrides, f"device={device.type}", *more])
     parts = load_parts(config, spec)
     on_gpu = device.type == "cuda"
     rows = []
@@ -196,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (1: steadier timing)")
     parser.add_argument("--no-plan-time", action="store_true", help="skip the 124M GPT's plan timing")
+    parser.add_argument("--cache-dir", type=Path,
+                        help="where op times are cached (default: each config's cache_dir); an empty "
+                             "folder times every op now, under the same load as the real steps")
     parser.add_argument("--json", type=Path, help="also write every figure here")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -210,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         if name.endswith(".yaml") and not Path(name).is_file():
             print(f"{name}: not in this tree, skipped")
             continue
-        results.append(bench_model(name, overrides, sizes, device, spec))
+        results.append(bench_model(name, overrides, sizes, device, spec, args.cache_dir))
     header = f"{'model':34} {'batch':>5} {'peak pred':>10} {'measured':>10} {'err':>7} " \
              f"{'step pred':>10} {'measured':>10} {'err':>7} {'calib.':>7}"
     print(header)

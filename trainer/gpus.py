@@ -73,3 +73,19 @@ def named(name: str) -> GpuSpec | None:
     wanted = name.lower()
     return next((spec for spec in gpu_table().values()
                  if wanted in (spec.name.lower(), *(a.lower() for a in spec.aliases))), None)
+
+
+def ran_on(target: str, device: str | None) -> bool:
+    """Whether a run that reports ``device`` (its summary's ``gpu_name``, torch's name such as "NVIDIA
+    L4", or "cpu") ran on the plan target ``target`` (a catalog GPU name such as nvidia-l4, or "cpu").
+
+    Why it matters: a plan's figures are for its target only; the sandbox's VM is a g2-standard-8
+    whose run trains on the CPU, and its step time says nothing about the L4's.
+    """
+    if not device:
+        return False
+    if target.lower() == "cpu" or device.lower() == "cpu":
+        return target.lower() == device.lower()
+    spec = gpu_table().get(target)
+    names = (spec.aliases if spec is not None else ()) or (target,)
+    return any(a.lower() in device.lower() for a in names)

@@ -19,6 +19,7 @@ import psutil
 import torch
 
 from trainer import figures, finite
+from trainer.gpus import MIB
 from trainer.run_folder import write_atomic
 
 log = logging.getLogger(__name__)
@@ -126,12 +127,33 @@ class GpuProbe:
         return round(peak, 3)
 
 
+def measured_memory(device: torch.device) -> dict[str, Any]:
+    """The allocator's peaks on a GPU (MiB) and its name, for summary.json: `forja plan --calibrate`
+    and the estimate before `forja train` read them. Beside GpuProbe because both read the same
+    allocator counters (its per-window reset leaves these the peaks since the last logged window,
+    which every training step reaches again). Nothing on a CPU: its allocator keeps no peak."""
+    if device.type != "cuda":
+        return {}
+    return {
+        "peak_allocated_mib": torch.cuda.max_memory_allocated(device) / MIB,
+        "peak_reserved_mib": torch.cuda.max_memory_reserved(device) / MIB,
+        "gpu_name": torch.cuda.get_device_name(device),
+    }
+
+
 def cpu_utilisation() -> float:
     """System-wide CPU % since the previous call (DataLoader workers are other processes)."""
     return float(psutil.cpu_percent(interval=None))
 
 
 def cost_usd(wall_s: float, price_per_hour: float) -> float:
+    """The run's cost so far as the trainer can count it: forja's formula (forja/cost/run.py: the VMs'
+    hourly rate over the time up for the run) with what the VM knows, its wall time over all sessions.
+
+    It leaves out what only the controller sees: the setup before the trainer started, the time after
+    it until forja fetched the results, and the disk. So it is the live "cost so far" while the run
+    goes on (metrics.jsonl, the live endpoint, `forja top`); once the run has ended forja settles the
+    run's cost in its history, and every view shows that figure, this one as "of which training"."""
     return wall_s / 3600.0 * price_per_hour
 
 

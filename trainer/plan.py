@@ -14,12 +14,15 @@ the memory bandwidth, plus a launch; the host's own per-op time bounds a small m
 When the plan runs on the device it targets (``--gpu cpu``, or the bench on a lent GPU), no rate is
 assumed: one rate does not describe a device (a CPU multiplies 64-wide matrices at a fraction of its
 256-wide rate, runs bf16 attention backward at a tenth of it and GELU far below its bandwidth). Each
-op of the traced step is timed there alone, at its own shapes and dtypes, on random values (a short
-microbenchmark, cached per device, thread count and torch version in ``cache_dir``/plan_ops.json;
-on a GPU the matmuls, convolutions and attention, the rest staying roofline). What the host spends
-around the ops (Python, modules, autograd, the optimizer's loop) is measured per op call and phase
-on a small probe model with the run's precision and optimizer. On a CPU with one torch thread both
-are timed in the process's CPU time, so a machine others load does not move them.
+op of the traced step is timed there alone, at its own shapes and dtypes (a short microbenchmark,
+cached per device, thread count and torch version in ``cache_dir``/plan_ops.json; on a GPU the
+matmuls, convolutions and attention, the rest staying roofline). On a CPU, whose kernels branch on
+values (a max-pool over MNIST's blank borders runs three times faster than over noise), each op is
+timed on the values it had in one real step of two samples, repeated to its shapes; elsewhere on
+random ones. What the host spends around the ops (Python, modules, autograd, the optimizer's loop,
+weights read cold) is measured per op call and phase: on a CPU on that same real step of the model,
+elsewhere on a small probe model with the run's precision and optimizer. On a CPU with one torch
+thread both are timed in the process's CPU time, so a machine others load moves them less.
 
 What is traced on the CPU stands in for the GPU: the tensors autograd keeps are the same, but the
 kernels differ (SDPA's CPU kernel keeps the same log-sum-exp as flash attention; fused AdamW keeps
@@ -33,14 +36,16 @@ Standalone like the rest of the trainer: forja passes nothing but the config and
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import logging
 import math
 import os
 import time
 import warnings
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -180,7 +185,8 @@ def cpu_spec() -> GpuSpec:
             for k in ("usable_mib", "tflops", "bandwidth_gbs", "host_op_us")
         }
         | {"context_mib": "measured: none on a CPU", "allocator_overhead": "modelled: none counted",
-           "heavy_ops": "measured: each matmul, convolution and attention op timed here at its own shapes"},
+           "heavy_ops": "measured: each op timed here at its own shapes, on the values of a real step",
+           "host_op_us_by_phase": "measured: on the model's own real step of two samples"},
         measure_on="cpu",
     )
 
@@ -221,19 +227,72 @@ def op_signature(value: Any) -> Any:
     return value
 
 
-def _materialize(sig: Any, device: torch.device) -> Any:
-    """Real tensors of the layouts :func:`op_signature` recorded, on ``device``: positive values
-    (from a generator of their own: the caller's random stream is left alone), zeros for integers."""
+def op_tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors of an op's argument, in the order :func:`op_signature` lists them."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, list | tuple):
+        return [t for v in value for t in op_tensors(v)]
+    return []
+
+
+def _span(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
+    """Elements of storage a strided tensor reaches, from its first."""
+    if any(n == 0 for n in shape):
+        return 0
+    return 1 + sum((n - 1) * st for n, st in zip(shape, stride, strict=True))
+
+
+def _alike(sig: Any, like: list[torch.Tensor]) -> bool:
+    """Whether ``like`` can lend ``sig``'s tensors their values: as many, of the same dtypes and
+    ranks, each shape differing in one dimension at most (the batch's, wherever a view put it)."""
+    wanted: list[Any] = []
+
+    def tensors(node: Any) -> None:
+        if isinstance(node, tuple) and node and node[0] == "tensor":
+            wanted.append(node)
+        elif isinstance(node, tuple) and node and node[0] == "seq":
+            for v in node[1]:
+                tensors(v)
+
+    tensors(sig)
+    if len(wanted) != len(like):
+        return False
+    for (_, shape, _stride, dtype), have in zip(wanted, like, strict=True):
+        if str(have.dtype).removeprefix("torch.") != dtype or have.dim() != len(shape):
+            return False
+        if sum(a != b for a, b in zip(shape, have.shape, strict=True)) > 1:
+            return False
+    return True
+
+
+def materialize(sig: Any, device: torch.device, like: Iterator[torch.Tensor] | None = None) -> Any:
+    """Real tensors of the layouts :func:`op_signature` recorded, on ``device``.
+
+    Their values are those of ``like`` (the tensors the same op had in a real step at a smaller
+    micro-batch, in signature order), its storage repeated to the size needed, each copy rotated by
+    an offset of its own: a CPU's branch predictor learns a sequence that repeats exactly (a max-pool
+    over 64 copies of two samples ran in 70 % of its time over 128 real ones, over rotated copies in
+    96-105 %). Without them, positive values (from a generator of their own: the caller's random
+    stream is left alone), zeros for integers."""
     if isinstance(sig, tuple) and sig and sig[0] == "tensor":
         _, shape, stride, dtype_name = sig
         dtype = getattr(torch, dtype_name)
-        needed = 1 + sum((n - 1) * st for n, st in zip(shape, stride, strict=True) if n > 0)
+        needed = _span(shape, stride)
+        source = next(like, None) if like is not None else None
         base = torch.zeros(needed, dtype=dtype, device=device)
-        if dtype.is_floating_point:  # positive: a square root or a log of a negative is a slow NaN
+        have = _span(tuple(source.shape), source.stride()) if isinstance(source, torch.Tensor) else 0
+        if source is not None and have and needed:
+            values = source.as_strided((have,), (1,), source.storage_offset()).to(device)
+            generator = torch.Generator().manual_seed(0)
+            copies = [values] + [values.roll(int(torch.randint(len(values), (1,), generator=generator)))
+                                 for _ in range(-(-needed // len(values)) - 1)]
+            base.copy_(torch.cat(copies)[:needed])
+        elif dtype.is_floating_point:  # positive: a square root or a log of a negative is a slow NaN
             base.uniform_(0.5, 1.5, generator=torch.Generator(device).manual_seed(0))
         return base.as_strided(shape, stride)
     if isinstance(sig, tuple) and sig and sig[0] == "seq":
-        return [_materialize(v, device) for v in sig[1]]
+        return [materialize(v, device, like) for v in sig[1]]
     if isinstance(sig, tuple) and sig and sig[0] == "device":
         return device
     if isinstance(sig, tuple) and sig and sig[0] == "attr":
@@ -245,8 +304,11 @@ class OpTimes:
     """Seconds of each op (every op on a CPU, the heavy ones on a GPU) at its own shapes on this
     device, timed once and cached on disk (``cache_dir``/plan_ops.json, keyed by device, thread
     count, clock and torch version): a short microbenchmark per distinct op, so no rate is assumed
-    for shapes it was never measured at. Values are random: an op whose speed depends on its data
-    (a max-pool on a ReLU's zeros) is timed as on dense data."""
+    for shapes it was never measured at. Where a real step at a small micro-batch gave the op its
+    values (:class:`StepValues`), they are repeated to its shapes: a CPU's max-pool runs three times
+    faster over MNIST's blank borders than over noise, and its backward scatters to where the
+    maxima really were. Otherwise values are random: an op whose speed depends on its data is timed
+    as on dense data."""
 
     def __init__(self, device: str, cache_dir: str | Path | None = None) -> None:
         self.device = torch.device(device)
@@ -269,12 +331,18 @@ class OpTimes:
             except (OSError, ValueError, AttributeError):
                 self.times = {}
 
-    def seconds(self, func: Any, sig: tuple[Any, Any]) -> float | None:
-        """The op's fastest time of a few calls on real tensors; None when it cannot run here."""
-        key = f"{func}{sig!r}"
+    def seconds(self, func: Any, sig: tuple[Any, Any], like: list[torch.Tensor] | None = None,
+                values: str = "") -> float | None:
+        """The op's fastest time of a few calls on real tensors; None when it cannot run here.
+        ``like``: its tensor arguments in a real step, whose values to repeat; ``values`` names where
+        they came from (times on real values are kept apart from those on random ones)."""
+        like = like if like and _alike(sig[0], like) else None
+        key = f"{func}{sig!r}" + (f"|values={values}" if like else "")
         if key not in self.times:
             try:
-                args, kwargs = _materialize(sig[0], self.device), _materialize(sig[1], self.device)
+                with torch.no_grad():
+                    args = materialize(sig[0], self.device, iter(like) if like else None)
+                    kwargs = materialize(sig[1], self.device)
                 self.times[key] = max(self._time(func, args, kwargs) - self.floor, 0.0)
             except Exception as exc:  # an op that needs values random ones are not: roofline instead
                 log.debug("plan: could not time %s here (%s)", func, exc)
@@ -322,16 +390,24 @@ _HOST: dict[tuple[Any, ...], dict[str, float]] = {}
 def host_us(spec: GpuSpec, parts: Parts) -> dict[str, float]:
     """Microseconds the host spends per op call outside the op, by phase of the step.
 
-    On a timed target, measured: two of torch's own pre-norm transformer layers, 8 wide (their ops
-    do next to nothing), take one step with the run's precision, optimizer and clipping; each
-    phase's time, less its ops timed alone (:class:`OpTimes`), over the calls it made. The phases
-    differ: forward and the optimizer run Python per op (modules, the optimizer's loop), backward
-    runs autograd's C++ engine. Elsewhere, the table's figure for every phase.
+    On a CPU target, measured on the model itself: its real step at :data:`VALUES_BATCH` (where its
+    ops cost little), each phase's time less its ops timed alone, over the calls it made
+    (:meth:`StepValues.host_us`). What a call costs around the op is the model's own: its modules'
+    Python, its autograd graph, its optimizer's loop over its parameters, and the weights and
+    optimizer state each op reads cold from memory, as they are in a step and not in a loop that
+    times one op. On another timed target, or when that step cannot run: two of torch's own
+    pre-norm transformer layers, 8 wide (their ops do next to nothing), take one step with the
+    run's precision, optimizer and clipping, measured the same way. The phases differ: forward and
+    the optimizer run Python per op (modules, the optimizer's loop), backward runs autograd's C++
+    engine. Elsewhere, the table's figure for every phase.
     """
     phases = ("forward", "backward", "optimizer")
     timer = op_times(spec, parts.config)
     if timer is None:
         return dict.fromkeys(phases, spec.host_op_us)
+    values = step_values(parts) if timer.every_op else None
+    if values is not None and set(values.phase_seconds) == set(phases):
+        return values.host_us(timer)
     key = (timer.device.type, torch.get_num_threads(), parts.precision, parts.config.optimizer,
            repr(parts.config.optimizer_args), parts.config.grad_clip > 0)
     if key in _HOST:
@@ -402,26 +478,113 @@ def _device_name(device: torch.device) -> str:
     return "cpu"
 
 
+def _runs_kernel(func: Any, out: Any) -> bool:
+    """An op that computes something: not a view, an op that only changes metadata (FREE_OPS), or
+    one that returns no tensor."""
+    if getattr(func, "is_view", False) or func.overloadpacket.__name__ in FREE_OPS:
+        return False
+    outs = out if isinstance(out, list | tuple) else (out,)
+    return any(isinstance(v, torch.Tensor) for v in outs)
+
+
+def _place(seen: dict[tuple[str, str], int], phase: str, func: Any) -> tuple[str, str, int]:
+    """Where an op is in the step: its phase, its name and how many times it ran there before (the
+    same in a real step at another micro-batch, when the model's code does not branch on it)."""
+    key = (phase, str(func))
+    seen[key] = seen.get(key, 0) + 1
+    return phase, str(func), seen[key] - 1
+
+
+class StepValues(TorchDispatchMode):
+    """The tensors each op of a real training step was given, by :func:`_place`: what
+    :class:`OpTimes` times the traced step's ops on, repeated to their shapes, in place of random
+    values (see :func:`step_values`). ``name`` says which model and data gave them. Also each op's
+    signature, the calls per phase (counted as :class:`OpCost` counts them) and, once the same step
+    has run unobserved, each phase's fastest time (``phase_seconds``)."""
+
+    def __init__(self, name: str = "") -> None:
+        super().__init__()
+        self.name = name
+        self.phase = "forward"
+        self.args: dict[tuple[str, str, int], list[torch.Tensor]] = {}
+        self.ops: list[tuple[str, Any, tuple[Any, Any], tuple[str, str, int]]] = []
+        self.calls: dict[str, int] = {}
+        self.seen: dict[tuple[str, str], int] = {}
+        self.phase_seconds: dict[str, float] = {}
+        self._host_us: dict[str, float] | None = None
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func.namespace == "prim":
+            return out
+        self.calls[self.phase] = self.calls.get(self.phase, 0) + 1
+        if _runs_kernel(func, out):
+            place = _place(self.seen, self.phase, func)
+            # kept, not copied: an in-place op after this one changes them a little, a copy of
+            # every weight for every op that reads it would cost gigabytes on a large model
+            self.args[place] = [t.detach() for t in op_tensors(args)]
+            self.ops.append((self.phase, func, (op_signature(args), op_signature(kwargs)), place))
+        return out
+
+    def host_us(self, timer: OpTimes) -> dict[str, float]:
+        """Microseconds per call, by phase, that the real step spent outside its ops: each phase's
+        time less its ops timed alone on their own values, over its calls."""
+        if self._host_us is None:
+            alone = dict.fromkeys(self.phase_seconds, 0.0)
+            for phase, func, sig, place in self.ops:
+                alone[phase] += timer.seconds(func, sig, self.args[place], self.name) or 0.0
+            timer.save()
+            self._host_us = {phase: max(took - alone[phase], 0.0) * 1e6 / max(self.calls.get(phase, 0), 1)
+                             for phase, took in self.phase_seconds.items()}
+        return self._host_us
+
+
+class PhaseClock:
+    """The time of each phase of :func:`_train_step`, taken as it names them (``phase``)."""
+
+    def __init__(self) -> None:
+        self.now = clock("cpu")
+        self.seconds: dict[str, float] = {}
+        self.current: str | None = None
+        self.start = 0.0
+
+    @property
+    def phase(self) -> str | None:
+        return self.current
+
+    @phase.setter
+    def phase(self, name: str | None) -> None:
+        now = self.now()
+        if self.current is not None:
+            self.seconds[self.current] = now - self.start
+        self.current, self.start = name, self.now()
+
+
 class OpCost(TorchDispatchMode):
     """Counts, per phase of the step, each op's FLOPs (FlopCounterMode's formulas), bytes read and
     written, and its time on the target: roofline (the longer of compute and memory, plus a launch),
     or, for the heavy ops when ``timer`` is the target's, their time measured there (:meth:`finish`)."""
 
-    def __init__(self, spec: GpuSpec, tf32: bool, timer: OpTimes | None = None) -> None:
+    def __init__(self, spec: GpuSpec, tf32: bool, timer: OpTimes | None = None,
+                 values: StepValues | None = None) -> None:
         super().__init__()
         from torch.utils.flop_counter import flop_registry
 
         self.registry = flop_registry
-        self.spec, self.tf32, self.timer = spec, tf32, timer
+        self.spec, self.tf32, self.timer, self.values = spec, tf32, timer, values
         self.phase = "forward"
         self.flops: dict[str, float] = {}
         self.bytes: dict[str, float] = {}
         self.ops: dict[str, int] = {}
-        #: Every op dispatched, views included: each costs the host its Python, dispatch and autograd.
+        #: Every op the step dispatches, views included (each costs the host its Python, dispatch and
+        #: autograd), not the ``prim`` queries only fake tensors make.
         self.calls: dict[str, int] = {}
         self.seconds: dict[str, float] = {}
-        #: Heavy ops to time on the target once the trace is over (no real tensor inside fake mode).
-        self.pending: list[tuple[str, Any, Any, float]] = []
+        #: Heavy ops to time on the target once the trace is over (no real tensor inside fake mode),
+        #: each with its place in the step (phase, op, occurrence): where ``values`` has its tensors.
+        self.pending: list[tuple[str, Any, Any, float, tuple[str, str, int]]] = []
+        self.seen: dict[tuple[str, str], int] = {}
 
     def hosted(self, *phases: str) -> int:
         """The ops the host pays for in ``phases``: every call where the host's cost per call was
@@ -434,8 +597,10 @@ class OpCost(TorchDispatchMode):
         place of their roofline estimate (kept where an op cannot run on random values)."""
         if self.timer is None:
             return
-        for phase, func, sig, modelled in self.pending:
-            took = self.timer.seconds(func, sig)
+        values = self.values.args if self.values is not None else {}
+        name = self.values.name if self.values is not None else ""
+        for phase, func, sig, modelled, place in self.pending:
+            took = self.timer.seconds(func, sig, values.get(place), name)
             if took is not None:
                 self.seconds[phase] += took - modelled
         self.pending.clear()
@@ -449,13 +614,15 @@ class OpCost(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        if func.namespace == "prim":
+            # ``prim.device``: a fake tensor asked for its device (MemTracker, autocast, the fake
+            # mode itself), about three a real op; a real tensor answers without dispatching
+            return out
         self.calls[self.phase] = self.calls.get(self.phase, 0) + 1
-        name = func.overloadpacket.__name__
-        if getattr(func, "is_view", False) or name in FREE_OPS or func.namespace == "prim":
+        if not _runs_kernel(func, out):
             return out
+        place = _place(self.seen, self.phase, func)
         outs = out if isinstance(out, list | tuple) else (out,)
-        if not any(isinstance(v, torch.Tensor) for v in outs):
-            return out
         packet = func.overloadpacket
         flops = 0.0
         if packet in self.registry:
@@ -469,7 +636,7 @@ class OpCost(TorchDispatchMode):
         took += self.spec.launch_us * 1e-6
         phase = self.phase
         if self.timer is not None and (self.timer.every_op or packet.__name__ in TIMED_OPS):
-            self.pending.append((phase, func, (op_signature(args), op_signature(kwargs)), took))
+            self.pending.append((phase, func, (op_signature(args), op_signature(kwargs)), took, place))
         self.flops[phase] = self.flops.get(phase, 0.0) + flops
         self.bytes[phase] = self.bytes.get(phase, 0.0) + moved
         self.ops[phase] = self.ops.get(phase, 0) + 1
@@ -546,6 +713,8 @@ class Parts:
     loss_fn: Any
     train_data: Any
     precision: str
+    #: The values of one real step, recorded when a CPU target's ops are first timed (step_values).
+    values: StepValues | None = field(default=None, repr=False, compare=False)
 
 
 def load_parts(config: TrainConfig, spec: GpuSpec) -> Parts:
@@ -576,6 +745,89 @@ def _fake_batch(mode: Any, batch: Any) -> Any:
     return tree_map(lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t, batch)
 
 
+def _ready_optimizer(parts: Parts, model: nn.Module, hold_grads: bool) -> tuple[Any, list[torch.Tensor]]:
+    """The run's optimizer with the state AdamW makes at the first step (there before every later
+    step), and the parameters it updates; with ``hold_grads`` their gradients stay alive."""
+    from trainer.optim import build_optimizer
+
+    optimizer = build_optimizer(parts.config, model, torch.device("cpu"))
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    if not hold_grads:
+        optimizer.zero_grad(set_to_none=True)
+    return optimizer, params
+
+
+def _train_step(parts: Parts, model: nn.Module, optimizer: Any, params: list[torch.Tensor], batch: Any,
+                amp: Any, counter: OpCost | StepValues | PhaseClock, around_forward: Any = None) -> None:
+    """Forward, backward, clipping and the update, as both the trace and the recording of values
+    run them; ``counter.phase`` says which is running."""
+    counter.phase = "forward"
+    with around_forward or contextlib.nullcontext(), amp.autocast():
+        loss = parts.loss_fn(model, batch).loss
+    counter.phase = "backward"
+    loss.backward()
+    counter.phase = "optimizer"
+    if parts.config.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(params, parts.config.grad_clip)  # as the trainer on a GPU
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+#: The micro-batch of the real step whose values a CPU target's ops are timed on (two: a batch norm
+#: needs more than one sample; the values are repeated to the traced micro-batch's shapes).
+VALUES_BATCH = 2
+
+
+def step_values(parts: Parts) -> StepValues | None:
+    """The tensors each op had in one real training step at :data:`VALUES_BATCH` on this CPU, taken
+    once per ``parts``; None where that step fails (the ops are then timed on random values).
+
+    Why: a CPU's kernels branch on values. Its max-pool over MNIST's blank borders (equal values,
+    every comparison predicted) runs three times faster than over noise; its backward scatters where
+    the maxima were; an embedding reads the rows the tokens name. A step at two samples costs little
+    and gives each op the values it meets in training, from the run's own data and model.
+    """
+    if parts.values is None:
+        parts.values = _record_values(parts)
+    return parts.values if parts.values.args else None
+
+
+def _record_values(parts: Parts) -> StepValues:
+    from trainer.batch_finder import sample_batch
+    from trainer.precision import make_amp
+
+    config = parts.config
+    source = [config.model, config.model_args, config.data, config.data_args, config.loss, config.loss_args,
+              config.collate, config.collate_args, config.seed]
+    name = hashlib.sha256(json.dumps(source, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    recorder = StepValues(name)
+    try:
+        with torch.random.fork_rng(devices=[]):  # the caller's random stream is left alone
+            model = parts.model_fn()
+            optimizer, params = _ready_optimizer(parts, model, hold_grads=False)
+            batch = sample_batch(parts.train_data, VALUES_BATCH, torch.device("cpu"), False,
+                                 parts.loss_fn.collate)
+            amp = make_amp(parts.precision, "cpu")
+            with recorder:
+                _train_step(parts, model, optimizer, params, batch, amp, recorder)
+            # The same step unobserved, its phases timed: what the host costs per call (host_us)
+            timing, spent, runs = PhaseClock(), 0.0, 0
+            best = dict.fromkeys(("forward", "backward", "optimizer"), math.inf)
+            while runs < 3 or (spent < 0.3 and runs < 50):
+                _train_step(parts, model, optimizer, params, batch, amp, timing)
+                timing.phase = None
+                best = {phase: min(took, timing.seconds[phase]) for phase, took in best.items()}
+                spent, runs = spent + sum(timing.seconds.values()), runs + 1
+            recorder.phase_seconds = best
+    except Exception as exc:  # the trace names what fails; here it only means random values
+        log.debug("plan: no real step to take op values from (%s)", exc)
+        return StepValues()
+    return recorder
+
+
 def trace_step(parts: Parts, spec: GpuSpec, micro_batch: int, hold_grads: bool = False) -> Trace:
     """One step at ``micro_batch`` under fake tensors: peak bytes (MemTracker) and the op costs.
 
@@ -586,9 +838,10 @@ def trace_step(parts: Parts, spec: GpuSpec, micro_batch: int, hold_grads: bool =
     from torch.distributed._tools.mem_tracker import MemTracker
 
     from trainer.batch_finder import sample_batch
-    from trainer.optim import build_optimizer
     from trainer.precision import make_amp
 
+    timer = op_times(spec, parts.config)
+    values = step_values(parts) if timer is not None and timer.every_op else None
     real = sample_batch(parts.train_data, micro_batch, torch.device("cpu"), False, parts.loss_fn.collate)
     amp = make_amp(parts.precision, "cpu")
     mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -598,31 +851,17 @@ def trace_step(parts: Parts, spec: GpuSpec, micro_batch: int, hold_grads: bool =
     except Exception as exc:
         raise FakeTraceError("the model's factory", exc) from exc
     with mode:
-        optimizer = build_optimizer(parts.config, model, torch.device("cpu"))
-        params = [p for p in model.parameters() if p.requires_grad]
-        for p in params:
-            p.grad = torch.zeros_like(p)
-        optimizer.step()  # the state AdamW makes at the first step: there before every later step
-        if not hold_grads:
-            optimizer.zero_grad(set_to_none=True)
+        optimizer, params = _ready_optimizer(parts, model, hold_grads)
     batch = _fake_batch(mode, real)
     tracker = MemTracker()
     tracker.track_external(model, optimizer, *(t for t in _leaves(batch) if isinstance(t, torch.Tensor)))
-    cost = OpCost(spec, tf32=not parts.config.deterministic, timer=op_times(spec, parts.config))
+    cost = OpCost(spec, tf32=not parts.config.deterministic, timer=timer, values=values)
     stack = ModuleStack(model)
     try:
         with mode, tracker, cost, warnings.catch_warnings():
             # MemTracker asks fake storages for their data pointer; torch warns, and the answer is unused
             warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
-            with stack, amp.autocast():
-                loss = parts.loss_fn(model, batch).loss
-            cost.phase = "backward"
-            loss.backward()
-            cost.phase = "optimizer"
-            if parts.config.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(params, parts.config.grad_clip, foreach=False)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            _train_step(parts, model, optimizer, params, batch, amp, cost, stack)
     except Exception as exc:
         where = stack.failed_in or ("the loss" if cost.phase == "forward" else f"the {cost.phase}")
         raise FakeTraceError(where, exc) from exc
@@ -689,17 +928,6 @@ def fallback_trace(parts: Parts, spec: GpuSpec, micro_batch: int) -> Trace:
     return Trace(micro_batch, int(fixed + acts), {"fixed": int(fixed), "activations": acts},
                  sum(cost.flops.values()), sum(cost.seconds.values()), ops * spec.host_op_us * 1e-6,
                  optimizer_s, ops, how="fallback")
-
-
-def measured_memory(device: torch.device) -> dict[str, Any]:
-    """The allocator's peaks on a GPU (MiB) and its name, for summary.json; nothing on a CPU."""
-    if device.type != "cuda":
-        return {}
-    return {
-        "peak_allocated_mib": torch.cuda.max_memory_allocated(device) / MIB,
-        "peak_reserved_mib": torch.cuda.max_memory_reserved(device) / MIB,
-        "gpu_name": torch.cuda.get_device_name(device),
-    }
 
 
 def _cpu_allocator_peak(step: Callable[[], None]) -> int:

@@ -1067,7 +1067,6 @@ def finish_uploads(p: Parts, s: LoopState) -> None:
 
 def write_run_summary(p: Parts, s: LoopState, loop_s: float) -> dict[str, Any]:
     """Rank 0: close the run files, write summary.json (every field of trainer.summary) and the plots."""
-    from trainer.plan import measured_memory
     from trainer.report import render, write_summary
 
     assert p.metric_log is not None and p.events is not None
@@ -1107,7 +1106,7 @@ def write_run_summary(p: Parts, s: LoopState, loop_s: float) -> dict[str, Any]:
         **p.net.utilisation.describe(),
         startup_s=round(s.loop_start - s.clock.start, 3),
         step_s=loop_s / (s.step - s.loop_start_step) if s.step > s.loop_start_step else None,
-        **measured_memory(rt.world.device),
+        **metrics.measured_memory(rt.world.device),
         oom_fallbacks=s.oom_fallbacks,
         exit_code=EXIT_CODES[s.status],
         error=sentence(s.divergence) if s.divergence is not None else None,

@@ -12,14 +12,15 @@
     for item in stream: ...                               # stream.cancel() stops this call only
     f.down()
 
-Every verb of the `forja` command is one of these methods, with the same docstring. Every method
+Every verb of the `forja` command calls one of these methods; the docstrings are for Python callers,
+and the command's help is its own, in the command line's terms (forja/cli). Every method
 runs one of the repository's playbooks through `forja.runner` (real Ansible, no shortcuts), returns
 frozen dataclasses and raises the typed errors of `forja.errors` carrying the failing host, task and
 message. Every training run is recorded in `forja.history` before it starts, so a run that fails, is
 cancelled or preempted is marked as such, never lost.
 
 Why a facade of one-line delegations: each verb lives in the module named for what it does (its
-docstring there is the one the CLI's help reads), as a function over a `forja.session.Session`;
+docstring there is the one `help(Forja.verb)` shows), as a function over a `forja.session.Session`;
 `Forja` is that session with every verb as a method, so a user needs one import and one object,
 and no feature needs to import this module.
 """
@@ -29,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from forja import (
+    again,
     colab,
     cost_report,
     datasets,
@@ -81,6 +83,8 @@ class Forja(Session):
     runs = following.runs
     live = staticmethod(live.samples)
     run_snapshot = snapshot.load  # what a run ran (forja.snapshot): `forja runs --show`, `train --again`
+    train_again = again.train_again  # `forja train --again RUN` (forja.again), on the VM or Vertex AI
+    train_managed_again = again.train_managed_again  # ... with --managed
 
     # -- the run queue on each VM (forja.queue) ------------------------------------------------------
     queue_cancel = queue.cancel

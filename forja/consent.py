@@ -139,16 +139,26 @@ def _inventory_setting(sources: tuple[str, ...]) -> Any:
 
 
 def obtain(
-    session: Session, outgoing: Outgoing, *, yes: bool = False, ask: Callable[[str], bool] | None = None,
-    say: Callable[[str], None] | None = None,
+    session: Session, outgoing: Outgoing | Callable[[], Outgoing], *, yes: bool = False,
+    ask: Callable[[str], bool] | None = None, say: Callable[[str], None] | None = None,
 ) -> None:
     """Say what will be sent (`say`), then let it go or stop it before anything is sent.
 
     `ask` is the question put to a person (None: nobody is there to answer, as in a script or CI,
     and `ask` then means "go on"). Raises ConfigError when the setting is `never` (or not one of
     VALUES), and errors.Cancelled when the person says no.
+
+    `outgoing` may be the survey still to make (`lambda: for_run(...)`): it is made only when
+    something is said, asked or refused. So a caller that asked already (`ask_once`, then `yes` and
+    no `say`, as `forja train` does before its progress display) sends without walking the project
+    a second time.
     """
     chosen = setting(session)
+    if callable(outgoing) and (chosen == "never" or say is not None
+                               or not (chosen == "always" or yes or ask is None)):
+        outgoing = outgoing()
+    if not isinstance(outgoing, Outgoing):  # not needed: nothing is said, asked or refused
+        return
     if chosen == "never":
         raise errors.ConfigError(
             SETTING, f"is never: forja sends no upload from this machine ({outgoing.what}: {outgoing.files} "

@@ -32,6 +32,8 @@ Ansible's aggregation merges recursively (`merge_hash`) without mixing hosts::
           rank: 1
         prune:                          # playbooks/prune.yml (module gcp_gpu_prune): the stopped-disk prune
           {vm: ..., action: keep, reason: ..., deleted: false, warning: ..., disk_usd_per_month: 12.0, ...}
+        price_record:                   # playbooks/train.yml (filter forja_price_record): what prices the VM
+          {name: forja-l4, machine_type: g2-standard-8, zone: us-east1-d, provisioning_model: SPOT, ...}
       localhost:
         preflight:                      # gcp_instance (entry point check): the project's preflight
           project: my-project
@@ -244,6 +246,37 @@ class PruneVerdict(BaseModel):
     checked: list[str] = Field(default_factory=list)
 
 
+class PriceRecord(BaseModel):
+    """What prices one VM of a run, as the train playbook read it from the host's inventory record
+    (filter forja_price_record: the fields `forja cost` reads, no connection settings or secrets).
+
+    Published when the run is sent so forja records the run's rate then (forja.cost_report.price_run)
+    and settles its cost at the end without reading the inventory again. Fields the filter adds later
+    are kept (`extra`), for forja.cost reads them by name."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    name: str = Field(min_length=1)
+    machine_type: str = Field(min_length=1)
+    zone: str = Field(min_length=1)
+    gpu_type: str | None = None
+    gpu_count: int | None = None
+    #: STANDARD, SPOT or FLEX_START; older records say Spot with `preemptible`.
+    provisioning_model: str | None = None
+    preemptible: bool | None = None
+    boot_disk_size_gb: float | None = None
+    boot_disk_type: str | None = None
+    disk_size_gb: float | None = None
+    disk_type: str | None = None
+    #: A cluster's member: its cluster and rank (every member is kept up for the run, and priced).
+    forja_cluster: str | None = None
+    forja_node_rank: int | None = None
+
+    def as_instance(self) -> dict[str, Any]:
+        """The record as forja.cost reads an instance (the inventory's hostvars): the fields given."""
+        return self.model_dump(exclude_none=True)
+
+
 class HostFacts(BaseModel):
     """Everything one host published in one play (each part only when its role ran)."""
 
@@ -256,6 +289,7 @@ class HostFacts(BaseModel):
     preflight: PreflightReport | None = None
     zones: ZoneReport | None = None
     prune: PruneVerdict | None = None
+    price_record: PriceRecord | None = None
 
     @field_validator("contract_version")
     @classmethod
@@ -303,6 +337,12 @@ class Published(BaseModel):
     @property
     def prune(self) -> dict[str, PruneVerdict]:
         return {host: facts.prune for host, facts in sorted(self.hosts.items()) if facts.prune}
+
+    @property
+    def price_records(self) -> list[dict[str, Any]]:
+        """The VMs' price records as instance records (forja.cost's input), hosts in name order."""
+        return [facts.price_record.as_instance() for _, facts in sorted(self.hosts.items())
+                if facts.price_record]
 
 
 def read_stats(artifact_data: Mapping[str, Any]) -> Published:

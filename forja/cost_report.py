@@ -8,19 +8,19 @@ inventory records and history, and turns its errors into the field the user shou
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from forja import errors, inventory
+from forja import defaults, errors, inventory
 from forja.session import Session
 
-#: The fraction of a cap at which `cost` warns, unless told otherwise.
-WARN_AT = 0.8
-#: What a cap applies to: each instance (the default) or the whole project.
-SCOPES = ("instance", "project")
+#: The fraction of a cap at which `cost` warns, unless told otherwise; what a cap applies to: each
+#: instance (the default) or the whole project.
+WARN_AT, SCOPES = defaults.WARN_AT, defaults.SCOPES
 
 
 @dataclass(frozen=True)
@@ -141,31 +141,115 @@ def run_cost(
     """One run's cost from its history and fetched results: setup, recovery, compute, data wait,
     evaluation, checkpoints and the rest, the VM's time down, the disk (see forja/cost/run.py).
 
-    The VMs' rate and disks are their instances' (`instances`, else the inventory when one is
-    named): the run's hosts and every other member of their cluster ("2 × g2-standard-24");
+    A run that has ended is priced as it was when it ended (the rate `settle` recorded with it).
+    Otherwise the VMs' rate and disks are their instances' (`instances`, else the inventory when one
+    is named): the run's hosts and every other member of their cluster ("2 × g2-standard-24");
     without one, the rate the run itself used (its config's price_per_hour) and no disk.
     """
-    from forja.cost.cluster import groups, with_members
     from forja.cost.prices import PriceError, load_prices
-    from forja.cost.run import RunFiles, run_cost
+    from forja.cost.run import run_cost as cost_of_run
     from forja.cost.spend import parse_time
 
     record = session.history.find(run_id)
     moment = parse_time(now) if now else datetime.now(timezone.utc)
+    try:
+        table = load_prices(Path(prices) if prices else None)
+        return cost_of_run(record, session.history.events(record.run_id), _files(session, record),
+                           table, moment, _run_instances(session, record, instances))
+    except (PriceError, ValueError) as exc:
+        raise errors.ConfigError("run/instances/prices", str(exc)) from exc
+
+
+def settle(
+    session: Session, run_id: str, instances: Sequence[Mapping[str, Any]] | None = None
+) -> Any | None:
+    """Price a run that has ended, once, and store its cost in the history: the figure every view shows.
+
+    Called wherever forja learns that a run ended (following it, `forja status`, the train playbook's
+    record of a site.yml run, a Vertex job's end). A run `forja train` sent was priced as it was sent
+    (`price_run` from the VM records the play published), so this reads no inventory; otherwise the
+    first call records the rate (`price_run`: the run's VMs from `instances` or the inventory, else the
+    run's own price_per_hour, or 0 on the user's own machine). Each call writes ``cost_usd`` =
+    `run_cost` at the run's end, so a later fetch or a second look only recomputes the same figure. A
+    run still going on, or one with no rate known, is left as it is; returns the RunCost, or None then.
+    """
+    from forja.cost.run import Pricing, priced
+
+    record = session.history.get(run_id)
+    if not record.ended_at:
+        return None
+    history = session.history.events(run_id)
+    files = _files(session, record)
+    pricing = Pricing.recorded(history, record.started_at)
+    if pricing is None:
+        own: list[str] = []
+        if instances is None and session.inventory:  # read once: its VMs and the user's own machines
+            with contextlib.suppress(errors.ForjaError):
+                instances, own, _ = inventory.gcp_instances(inventory.required(session.inventory))
+        pricing = price_run(session, record, instances or [], files=files, own=own)
+        if pricing is None:
+            return None
+        history = session.history.events(run_id)
+    found = priced(record, history, files, pricing, datetime.now(timezone.utc))
+    session.history.update(run_id, cost_usd=found.cost_usd)
+    return found
+
+
+def price_run(
+    session: Session, record: Any, instances: Sequence[Mapping[str, Any]], *, files: Any = None,
+    own: Sequence[str] = (),
+) -> Any | None:
+    """The rate `record`'s run is priced at, recorded with it once (a ``priced`` history event): the one
+    place it is decided, when forja sends the run (forja.training, from the VM records the train
+    playbook published) or, if it was not decided then, when the run ends (`settle`).
+
+    A run already priced since it started keeps that rate. A run a managed watcher sent again on a VM
+    it recreated elsewhere keeps its first VM's: forja's table prices a machine type per region (a
+    move from us-east1 to europe-west4 would be about 10 % dearer), and a run has one rate, the one
+    `forja cost --run` shows. Otherwise: `instances`' rate (the run's VMs and the rest of their
+    cluster), else the run's own price_per_hour (`files`' config.yaml; None: not looked at), else 0
+    when its hosts are all the user's own machines (`own`). None, and nothing recorded, when no rate
+    is known: an odd record never fails the run's start or end.
+    """
+    from forja.cost.prices import PriceError, load_prices
+    from forja.cost.run import PRICED_EVENT, Pricing, RunFiles
+
+    kept = Pricing.recorded(session.history.events(record.run_id), record.started_at)
+    if kept is not None:
+        return kept
+    try:
+        pricing = Pricing.of(files or RunFiles.read(None), load_prices(None),
+                             _run_instances(session, record, instances))
+    except (PriceError, ValueError, TypeError, KeyError):
+        if not (record.hosts and set(record.hosts) <= set(own)):
+            return None
+        pricing = Pricing(0.0, "the user's own machine: no cloud price")
+    session.history.record_event(record.run_id, PRICED_EVENT, **pricing.as_dict())
+    return pricing
+
+
+def _files(session: Session, record: Any) -> Any:
+    """The run's fetched files: the folder the history recorded; a run recorded without one (site.yml's,
+    found on a host) may still have been fetched to the default place since (`forja fetch RUN`)."""
+    from forja.cost.run import RunFiles
+
+    return RunFiles.read(record.artifact_dir or session.read_results(record.run_id)[1])
+
+
+def _run_instances(
+    session: Session, record: Any, instances: Sequence[Mapping[str, Any]] | None
+) -> list[Mapping[str, Any]]:
+    """The instance records of the run's VMs: its hosts and the rest of their cluster, from `instances`
+    or the inventory when one is named; with one VM (or one cluster) and no hosts recorded, that one."""
+    from forja.cost.cluster import groups, with_members
+
     found = [dict(i) for i in instances] if instances is not None else session.instances_if_named()
     mine = with_members(found, record.hosts)
     units = groups(found)
     if not mine and len(units) == 1 and not record.hosts:  # one VM (or one cluster): the run's
         mine = units[0][1]
-    # The folder the history recorded; a run recorded without one (site.yml's, found on a host)
-    # may still have been fetched to the default place since (`forja fetch RUN`).
-    folder = record.artifact_dir or session.read_results(record.run_id)[1]
-    try:
-        table = load_prices(Path(prices) if prices else None)
-        return run_cost(record, session.history.events(record.run_id), RunFiles.read(folder),
-                        table, moment, mine)
-    except (PriceError, ValueError) as exc:
-        raise errors.ConfigError("run/instances/prices", str(exc)) from exc
+    return mine
+
 
 def estimate(
     session: Session,

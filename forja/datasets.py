@@ -21,15 +21,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from forja import consent, errors, module_utils
+from forja import consent, defaults, errors, module_utils
 
 if TYPE_CHECKING:
     from forja.session import Session
 
 #: google-cloud-storage's own setting for an emulator's endpoint (the sandbox's Cloud Storage).
 ENV_EMULATOR = "STORAGE_EMULATOR_HOST"
-#: Parallel uploads of a push unless told otherwise.
-PUSH_THREADS = 8
+#: Parallel uploads of a push unless told otherwise (kept where `forja --help` reads it cheaply).
+PUSH_THREADS = defaults.PUSH_THREADS
 
 
 def dataset_module() -> ModuleType:

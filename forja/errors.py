@@ -11,7 +11,7 @@ from enum import IntEnum
 
 
 class ExitCode(IntEnum):
-    """Exit codes of the `forja` command; documented in `forja --help` and the README."""
+    """Exit codes of the `forja` command; documented in `forja --help` (EXIT_CODES_HELP) and SKILL.md."""
 
     OK = 0
     PLAYBOOK_FAILED = 1

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from forja import contract, errors, runstate
+from forja import contract, cost_report, defaults, errors, runstate
 from forja import events as ev
 from forja import format as fmt
 from forja import notify as notifications
@@ -25,7 +25,7 @@ from forja.runs import TrainResult, TrainStatus, checked_name, now, rank0
 from forja.session import Session
 
 #: Journal lines per host that `logs` shows (and `follow_logs` starts with) unless told otherwise.
-LOG_LINES = 50
+LOG_LINES = defaults.LOG_LINES
 
 
 def follow(
@@ -117,6 +117,7 @@ def _finish(
     if first.final:
         fields["ended_at"] = session.history.get(name).ended_at or now()
     session.history.update(name, **fields)
+    cost_report.settle(session, name)  # the run's cost, once it has ended: what every view shows
     announce_end(session, name, first.status, hosts, fields.get("message"))
     if first.status == "diverged" and last.failed_tasks:
         failed = last.failed_tasks[0]
@@ -143,7 +144,8 @@ def status(session: Session, name: str | None = None) -> list[TrainStatus]:
     not know (started by site.yml or another controller) are added.
     """
     pairs = session.read_states({"trainer_run_status_runs": [name] if name else []})
-    session.sync_history(pairs)
+    for ended in session.sync_history(pairs):
+        cost_report.settle(session, ended)  # the run's cost, once it has ended: what every view shows
     return [TrainStatus.from_state(host, state) for host, state in pairs]
 
 
@@ -151,7 +153,8 @@ def runs(session: Session, limit: int = 50, status: str | None = None, sync: boo
     """The run history, newest first. `sync` first reads every run on the hosts (`status()`), so
     runs started elsewhere are added and ended ones take their final status."""
     if sync:  # what status() reads, without making statuses of it
-        session.sync_history(session.read_states({"trainer_run_status_runs": []}))
+        for ended in session.sync_history(session.read_states({"trainer_run_status_runs": []})):
+            cost_report.settle(session, ended)
     return session.history.list(limit=limit, status=status)
 
 
@@ -209,7 +212,8 @@ def follow_logs(
             hooks_seen[host] = state.hook_log_lines
         first = rank0(known)
         if first is None or first.final:
-            session.sync_history(known)
+            for ended in session.sync_history(known):
+                cost_report.settle(session, ended)
             return
         stop.wait(poll)
 
@@ -237,6 +241,7 @@ def fetch_run(
     summary, artifact = session.read_results(name, target)
     with contextlib.suppress(errors.RunNotFound):
         session.history.update(name, artifact_dir=str(artifact or target), **summary_fields(summary))
+        cost_report.settle(session, name)  # an ended run fetched only now: priced with its files
     return RunResult(**{**result.__dict__, "artifact_dir": artifact or target})
 
 

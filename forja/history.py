@@ -8,16 +8,14 @@ records preemptions the same way.
 A row's status comes only from what a host reported (or from forja giving up on a play), never
 from elapsed time, so it stays true for runs of days. Runs that forja did not start (site.yml,
 `ansible-playbook playbooks/train.yml`, another controller) are added from the host's own state
-by `record_host_run`: the train playbook calls `python -m forja.history record` on the
+by `record_host_run`: the train playbook calls `python -m forja.record` on the
 controller, and `forja status` adds every run a host reports.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sqlite3
-import sys
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -47,7 +45,7 @@ CREATE TABLE IF NOT EXISTS runs (
     ended_at     TEXT,
     steps        INTEGER,
     last_loss    REAL,
-    cost_usd     REAL,
+    cost_usd     REAL,  -- the run's cost (forja/cost/run.py): so far while it runs, settled at its end
     artifact_dir TEXT,
     preemptions  INTEGER NOT NULL DEFAULT 0,
     lost_steps   INTEGER NOT NULL DEFAULT 0,
@@ -330,35 +328,16 @@ def _set_up_after(state: runstate.RunState, ended_at: str | None) -> bool:
 
 
 def summary_fields(summary: Mapping[str, Any]) -> dict[str, Any]:
-    """History columns from a trainer summary (summary.json): steps, loss, cost, preemptions.
+    """History columns from a trainer summary (summary.json): steps, loss, preemptions.
 
+    Not its ``cost_usd``: that is the trainer's own count (its processes' wall time at the rate), a part
+    of the run's cost; the history's ``cost_usd`` is the run's cost, which forja.cost_report.settle
+    writes once the run has ended (forja/cost/run.py says why they differ).
     Read through the trainer's own field list (trainer.summary), so a renamed field fails here loudly."""
     read = Summary.from_dict(summary)
     columns = {"steps": (read.steps, int), "last_loss": (read.final_loss, float),
-               "cost_usd": (read.cost_usd, float), "lost_steps": (read.lost_steps, int),
-               "preemptions": (read.preemptions, int)}  # fmt: skip
+               "lost_steps": (read.lost_steps, int), "preemptions": (read.preemptions, int)}  # fmt: skip
     return {col: kind(value) for col, (value, kind) in columns.items() if isinstance(value, int | float)}
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m forja.history record --state JSON --hosts a,b`: what the train playbook calls on the
-    controller so a run started outside forja (site.yml) is in `forja runs`. Prints changed/unchanged."""
-    parser = argparse.ArgumentParser(prog="python -m forja.history")
-    sub = parser.add_subparsers(dest="command", required=True)
-    rec = sub.add_parser("record", help="add or update a run from its rank-0 host's state document")
-    rec.add_argument("--state", required=True, help="the forja-train-state JSON of the run's rank-0 host")
-    rec.add_argument("--hosts", default="", help="comma-separated hosts of the run")
-    rec.add_argument("--config", default=None, help="the run's config path on the controller")
-    args = parser.parse_args(argv)
-    state = runstate.parse(args.state)
-    if state is None:
-        print(f"--state: not a forja-train-state document (needs {runstate.SCHEMA_KEY!r})", file=sys.stderr)
-        return 2
-    hosts = [h for h in args.hosts.split(",") if h]
-    changed = History().record_host_run(state, hosts=hosts, config_path=args.config or None,
-                                        message="started outside forja (ansible-playbook)")
-    print("changed" if changed else "unchanged")
-    return 0
 
 
 def _record(row: sqlite3.Row) -> RunRecord:
@@ -366,6 +345,3 @@ def _record(row: sqlite3.Row) -> RunRecord:
     fields = {name: row[name] for name in RunRecord.__dataclass_fields__}
     return RunRecord(**{**fields, "hosts": json.loads(row["hosts"] or "[]")})
 
-
-if __name__ == "__main__":
-    sys.exit(main())

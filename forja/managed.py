@@ -41,10 +41,21 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from forja import errors, following, lifecycle, machines, module_utils, process_lock, runstate, training
+from forja import (
+    errors,
+    following,
+    lifecycle,
+    machines,
+    module_utils,
+    process_lock,
+    runstate,
+    snapshot,
+    training,
+)
 from forja import format as fmt
 from forja import zones as zone_advice
 from forja.contract import InstanceState
+from forja.defaults import MANAGED_POLL_S, MAX_DOWN, MAX_RECOVERIES
 from forja.paths import forja_home
 from forja.session import Session
 
@@ -77,12 +88,9 @@ class WatchError(errors.ForjaError):
     exit_code = errors.ExitCode.STOPPED
 
 
-#: Seconds between two looks at a watched VM (one small playbook each): the API's and the CLI's default.
-POLL_S = 30.0
-#: Most recoveries by default (restarts in place and zone moves together).
-MAX_RECOVERIES = 10
-#: Most time down by default, as `--max-down` writes it (`seconds()` reads it).
-MAX_DOWN = "6h"
+#: Seconds between two looks at a watched VM: the API's and the CLI's default (with MAX_RECOVERIES and
+#: MAX_DOWN, kept in forja/defaults.py, where `forja --help` reads them without loading the API).
+POLL_S = MANAGED_POLL_S
 
 
 @dataclass(frozen=True)
@@ -210,6 +218,8 @@ class WatchState:
     zones: list[str]
     #: The `Forja.train` keyword arguments that sent the run (config, script, args, project...);
     #: empty when the watcher was started by hand: then it restarts in place but cannot move zones.
+    #: A run sent again from a snapshot (`forja train --again RUN --managed`) keeps "again": RUN
+    #: instead of its config and project, which lived in temporary folders: a move puts them back.
     train: dict[str, Any] = field(default_factory=dict)
     tally: Tally = field(default_factory=Tally)
 
@@ -450,7 +460,13 @@ class Watcher:
         """Send the run again on the VM a move made: it resumes from its newest checkpoint in the
         bucket; then the runs of the old VM's queue (`mirrored_queue`). A sweep's watcher sends each of
         its trials that were on that VM instead (they were its queue)."""
-        training.train(self.session, **{**self.state.train, "name": self.state.run, "wait": False})
+        how = {**self.state.train, "name": self.state.run, "wait": False}
+        again = how.pop("again", None)
+        if again is None:
+            training.train(self.session, **how)
+        else:  # its code and config put back from the snapshot, as when it was first sent
+            with snapshot.again(self.session, again) as plan:
+                training.train(self.session, **{**plan.keywords(), **how})
         self._restore_queue(self.mirrored_queue)
 
     def _move(self, vm: InstanceState, decision: Decision) -> None:
@@ -578,12 +594,14 @@ def train_managed(
     poll_s: float = POLL_S,
     say: Callable[[str], None] = print,
     notify: str | bool | None = None,
+    again: str | None = None,
     **train: Any,
 ) -> str:
     """`forja train --managed`: send a run (`train`'s keywords, never waiting), then `watch` it.
 
     The budget, the zones and the webhook (`notify`, as `train`'s) are checked before anything is
-    sent. Returns why watching ended.
+    sent. Returns why watching ended. `again` names the run whose snapshot this one was sent from
+    (forja.again): a recovery that must send it again puts its code and config back from there.
     """
     if session.cluster is not None:
         raise errors.ConfigError("--cluster", "a managed run watches one VM; drop --managed to train on "
@@ -595,5 +613,7 @@ def train_managed(
     say(f"run {result.run_id} started; watching it")
     # what a recovery sends again: the same run resumed, never a second replacement
     how = {k: v for k, v in sent.items() if k not in ("wait", "name", "cancel", "on_event", "replace")}
+    if again is not None:  # temporary folders, gone by then: the snapshot puts them back
+        how = {**{k: v for k, v in how.items() if k not in ("config", "project")}, "again": again}
     return watch(session, result.run_id, fallback_zones=fallback_zones, budget=budget, train=how,
                  poll_s=poll_s, say=say)

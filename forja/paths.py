@@ -2,7 +2,7 @@
 
 Why a module of their own: nearly every part of forja needs one of these two paths, and most of those
 parts run no play (the inventory reader, the host contract, the history, a role's `python -m
-forja.history record`). Kept here, with nothing but the standard library, they pull neither
+forja.record`). Kept here, with nothing but the standard library, they pull neither
 ansible-runner nor the events into those processes, and they tie no module to the runner.
 
 Two ways forja exists on a machine, and one rule for both:

@@ -28,13 +28,13 @@ from typing import Any
 
 import yaml
 
-from forja import errors, machines
+from forja import defaults, errors, machines
 from forja.init import DEFAULT_ZONE
 from forja.session import Session
-from trainer.gpus import gpu_table
+from trainer.gpus import gpu_table, ran_on
 
 #: The machine a plan targets unless told: the project's VM (one L4).
-DEFAULT_MACHINE = "g2-standard-8"
+DEFAULT_MACHINE = defaults.DEFAULT_MACHINE
 #: How long the trainer's plan may take (the 124M GPT takes about 20 s on a 2-core machine).
 PLAN_TIMEOUT_S = 600.0
 #: Set to 0, the estimate before `forja train` makes no new plan (it still uses a kept one).
@@ -102,7 +102,6 @@ def measured_run(
     same GPU model: its micro-batch, accumulation, peak reserved memory and seconds per step."""
     from forja.cost.run import RunFiles
 
-    aliases = [a.lower() for a in gpu_table()[gpu].aliases]
     for record in session.history.list(limit=limit):
         if not record.artifact_dir:
             continue
@@ -115,7 +114,7 @@ def measured_run(
             continue
         if config.get("precision") not in (None, "auto") and summary.get("precision") != config["precision"]:
             continue
-        if not any(a in str(summary.get("gpu_name") or "").lower() for a in aliases):
+        if not ran_on(gpu, summary.get("gpu_name")):
             continue
         return {"micro_batch": summary["micro_batch"], "accum_steps": summary.get("accum_steps") or 1,
                 "peak_reserved_mib": summary["peak_reserved_mib"], "step_s": summary["step_s"],

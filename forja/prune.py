@@ -6,6 +6,17 @@ gcp_gpu_prune, whose rules are plugins/module_utils/forja_gcp_prune.py) that `an
 run the same way; this module runs it, reads what it decided (forja/contract.py `PruneVerdict`), and
 posts a `disk_deleted` event for each VM it deleted (forja/notify.py). Run it from cron or a systemd
 timer (roles/autostop/README.md has both lines).
+
+A VM its user stopped (`forja down`, or by hand) is kept, never deleted, however long it stays stopped:
+decided so (issue 29's review). The prune is for what autostop found idle and nobody came back to;
+`forja down` is a person's decision to come back, and only autostop's stop records, after the runs
+checkpointed, what of the disk the bucket holds (its record of an earlier stop is older than the
+VM's last start, so it says nothing of now). A disk nothing vouches for may hold what the bucket
+does not (a dataset staged on it, a notebook's files, runs since), and a deletion cannot be undone.
+What the kept disk costs is not hidden: each prune warns with how long the VM has been stopped, its
+disk's monthly cost and the fix, `forja down --delete` (tests/gcp/test_prune.py's drill holds one).
+To let the prune judge a VM stopped otherwise, leave autostop's record first on the VM:
+/usr/local/lib/forja/forja_autostop.py --record-mirror (roles/autostop/files/forja_autostop.py).
 """
 
 from __future__ import annotations
@@ -65,7 +76,8 @@ def prune(
     bucket: autostop records them on the VM just before it powers it off, and each object is looked
     for in the bucket. A VM that is due but in doubt (no bucket, no record, something missing) is
     kept, with a warning that names how long it has been stopped, what its disk costs a month and
-    the fix. `dry_run` says what would be deleted and why, and deletes nothing. `notify` posts a
+    the fix; so is a VM its user stopped (`forja down`): only autostop's stop records what the bucket
+    holds. `dry_run` says what would be deleted and why, and deletes nothing. `notify` posts a
     `disk_deleted` event for each VM deleted, as `train`'s `notify` does. Runs playbooks/prune.yml;
     run it from cron to make it automatic (roles/autostop/README.md).
     """

@@ -23,15 +23,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from forja import errors, module_utils
+from forja import cost_report, errors, module_utils
 from forja.runs import checked_name, now
 from forja.session import Session
 
@@ -75,7 +73,7 @@ def memory_mib(gpu_memory: object) -> int:
 
 def plan(
     session: Session, *, priority: object = None, gpu_memory: object = None, timeout_s: object = None,
-    config: Path | None = None,
+    config: Path | None = None, queued_at: object = None,
 ) -> dict[str, Any]:
     """The role variables of a queued run (trainer_run_queue...), checked before anything is sent.
 
@@ -83,8 +81,14 @@ def plan(
     which the sandbox sets to the L4's) is refused here; a host whose GPU only nvidia-smi knows
     fails such a run out of its queue at once, with the same reason. Without one, the kept plan of
     `config` (the built-in trainer's) on the inventory's machine type goes as the planned peak.
+    `queued_at` (Unix time) is when a run a zone move brought back was first queued (`resend`).
     """
     vars_: dict[str, Any] = {"trainer_run_queue": True}
+    if queued_at is not None:
+        if isinstance(queued_at, bool) or not isinstance(queued_at, int | float) or queued_at < 0:
+            raise errors.ConfigError("queued_at", f"{queued_at!r} is not a Unix time (when the run was first "
+                                     "queued); leave it out for now")
+        vars_["trainer_run_queue_queued_at"] = queued_at
     if priority is not None:
         vars_["trainer_run_queue_priority"] = priority_of(priority)
     if timeout_s is not None:
@@ -164,7 +168,8 @@ def queue(session: Session) -> list[QueuedRun]:
     their priority, how long they have waited and why; then the runs the queue started that still run."""
     rows: list[QueuedRun] = []
     pairs = session.read_states({"trainer_run_status_runs": []})
-    session.sync_history(pairs)
+    for ended in session.sync_history(pairs):
+        cost_report.settle(session, ended)  # the run's cost, once it has ended: what every view shows
     for host, state in pairs:
         info = state.queue or {}
         if state.status == "queued":
@@ -249,8 +254,13 @@ def mirrored(session: Session, host: str) -> list[dict[str, Any]]:
 def resend(entry: dict[str, Any]) -> dict[str, Any]:
     """The queue keywords of `train` that put a mirrored entry back in its place: its priority, its
     timeout and its peak as its host took it (a declared or planned one is sent; one the host read from
-    the run spec or an earlier run, the new host reads again)."""
+    the run spec or an earlier run, the new host reads again). A run that was waiting keeps when it was
+    queued (`queued_at`), so the time it waited goes on counting on the new VM; one that was running
+    had its wait recorded when it was admitted, and waits anew to resume."""
     how: dict[str, Any] = {"queue": True, "priority": int(entry.get("priority") or 0)}
+    queued_at = entry.get("enqueued_at")
+    if not entry.get("admitted_at") and type(queued_at) in (int, float):  # a bool is no time
+        how["queued_at"] = float(queued_at)
     if isinstance(entry.get("timeout_s"), int):  # 0: no limit; absent: the default
         how["queue_timeout_s"] = entry["timeout_s"]
     mib = entry.get("gpu_memory_mib")
@@ -277,16 +287,9 @@ def restore(
         if run == skip:
             continue
         try:
-            with snapshot.again(session, run) as again, tempfile.TemporaryDirectory() as tmp:
-                opts = again.options
-                config = again.config
-                if config is not None and config.resolve().is_relative_to(snapshot.folder(run).resolve()):
-                    # the snapshot's own copy, which sending the run again replaces: send a copy of it
-                    config = Path(shutil.copy(config, Path(tmp) / config.name))
-                send(session, config, script=opts.get("script"), args=opts.get("args") or [],
-                     project=again.project, name=run, excludes=opts.get("excludes") or [],
-                     procs=opts.get("procs"), hooks=opts.get("hooks") or None,
-                     extravars=opts.get("extravars") or {}, wait=False, yes=True, **resend(entry))
+            with snapshot.again(session, run) as again:
+                how = again.keywords()
+                send(session, how.pop("config"), **how, name=run, wait=False, yes=True, **resend(entry))
         except errors.ForjaError as exc:
             say(f"queued run {run} was not sent again: {exc.message.splitlines()[0]}")
             continue

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from forja import events as ev
 
 # ansible_runner and forja.events are imported where a play runs, not here: a process that only reads
-# results (a role's `python -m forja.history record`) should not pay for them at start-up.
+# results (a role's `python -m forja.record`) should not pay for them at start-up.
 
 log = logging.getLogger(__name__)
 logging.getLogger("ansible-runner").addHandler(logging.NullHandler())

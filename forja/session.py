@@ -346,18 +346,21 @@ class Session:
                 return json.loads(summary_file.read_text()), host_dir
         return {}, hosts[0] if hosts else None
 
-    def sync_history(self, pairs: Sequence[tuple[str, runstate.RunState]]) -> None:
-        """Bring the history up to date with what the hosts report (rank 0 speaks for a run)."""
+    def sync_history(self, pairs: Sequence[tuple[str, runstate.RunState]]) -> list[str]:
+        """Bring the history up to date with what the hosts report (rank 0 speaks for a run); the runs
+        it found ended just now (the caller prices them: forja.cost_report.settle)."""
+        ended: list[str] = []
         hosts: dict[str, list[str]] = {}
         for host, state in pairs:
             if state.status != "unknown":
                 hosts.setdefault(state.run, []).append(host)
         for run, run_hosts in hosts.items():
             first = rank0([(h, s) for h, s in pairs if s.run == run])
-            if first is not None:
-                self.history.record_host_run(
-                    first, hosts=sorted(run_hosts), message="found on the hosts (not started by this forja)"
-                )
+            if first is not None and self.history.record_host_run(
+                first, hosts=sorted(run_hosts), message="found on the hosts (not started by this forja)"
+            ) and first.final:
+                ended.append(run)
+        return ended
 
     # -- how long and how often to look -------------------------------------------------------
     def follow_limit(self, timeout_s: float | None) -> float | None:

@@ -45,6 +45,10 @@ PATCH = "uncommitted.patch"
 CONFIG = "config.yaml"
 #: An untracked file larger than this is named in the snapshot but not copied into the patch.
 UNTRACKED_MAX_BYTES = 10 << 20
+#: The temporary worktrees `again` has checked out, while they live: the worktree -> the user's git root.
+#: A run sent from one ran the user's project at that commit, so its snapshot names the project (`record`),
+#: never the temporary folder, which is gone when a later `--again` of that run looks for it.
+_WORKTREES: dict[Path, Path] = {}
 
 
 def folder(run_id: str) -> Path:
@@ -105,10 +109,11 @@ def record(
         shutil.rmtree(where)  # a name sent again (a resumed run) gets the snapshot of this sending
     where.mkdir(parents=True, mode=0o700)
     state = git_state(project) if project is not None else GitState()
+    project, root = _origin(project, state.root)
     facts: dict[str, Any] = {
         "project": str(project) if project else None,
         "git": state.commit is not None,
-        "git_root": state.root,
+        "git_root": root,
         "commit": state.commit,
         "branch": state.branch,
         "dirty": bool(state.patch),
@@ -126,6 +131,18 @@ def record(
         shutil.copyfile(config, where / CONFIG)
     session.history.record_event(run_id, EVENT, **facts)
     return facts
+
+
+def _origin(project: Path | None, root: str | None) -> tuple[Path | None, str | None]:
+    """The project folder and git root a snapshot names: the user's, for a folder inside one of
+    `again`'s temporary worktrees (`_WORKTREES`)."""
+    if project is None:
+        return None, root
+    resolved = project.resolve()
+    for tree, origin in _WORKTREES.items():
+        if resolved.is_relative_to(tree):
+            return origin / resolved.relative_to(tree), str(origin)
+    return project, root
 
 
 @dataclass(frozen=True)
@@ -227,6 +244,32 @@ class Again:
     config: Path | None
     project: Path | None
     said: str
+    #: What a new run's name is made from (forja.runs.new_run_id): the run's script, else the config it
+    #: was given (not the snapshot's copy of it, whose name is config.yaml).
+    name_source: Path
+
+    def keywords(self, backend: str = "vm") -> dict[str, Any]:
+        """`Forja.train`'s keywords that send this snapshot (`backend` "vm" or "vertex"): the config,
+        script, arguments, project, exclusions and processes, and on a VM the hooks and -e variables.
+
+        A Vertex AI job takes neither hooks nor -e variables: a run sent with them is refused (an
+        override dropped would make a different run), naming them and the two ways out.
+        """
+        opts = self.options
+        how: dict[str, Any] = {
+            "config": self.config, "script": opts.get("script"), "args": list(opts.get("args") or []),
+            "project": self.project, "excludes": list(opts.get("excludes") or []), "procs": opts.get("procs")}
+        hooks, extravars = dict(opts.get("hooks") or {}), dict(opts.get("extravars") or {})
+        if backend != "vertex":
+            return {**how, "hooks": hooks or None, "extravars": extravars}
+        given = [f"-e {k}={v}" for k, v in sorted(extravars.items())]
+        given += [f"--hook {event}={script}" for event, script in hooks.items()]
+        if given:
+            raise errors.ConfigError(
+                "--again", f"the run was sent with {', '.join(given)}, which a Vertex AI job does not take; "
+                "send it again on the VM (drop --backend vertex), or send its config or script with "
+                "forja train ... --backend vertex")
+        return how
 
 
 @contextlib.contextmanager
@@ -238,21 +281,38 @@ def again(session: Session, name: str) -> Iterator[Again]:
     snap = load(session, name)
     f = snap.facts
     opts = dict(f.get("options") or {})
-    config = snap.config or (Path(f["config"]) if f.get("config") else None)
+    named = Path(opts.get("script") or f.get("config") or snap.run_id)
+    with tempfile.TemporaryDirectory(prefix=f"forja-again-{snap.run_id}-config-") as kept:
+        config = snap.config or (Path(f["config"]) if f.get("config") else None)
+        if config is not None and config == snap.config:
+            # the snapshot's own copy, which sending a run under this name replaces: send a copy of it
+            config = Path(shutil.copy(config, Path(kept) / config.name))
+        with _put_back(snap, opts, config, named) as plan:
+            yield plan
+
+
+@contextlib.contextmanager
+def _put_back(snap: Snapshot, opts: dict[str, Any], config: Path | None, named: Path) -> Iterator[Again]:
+    """`again`'s code: the project as it is when it is the run's, else the run's commit and patch in a
+    temporary worktree, removed when the context ends."""
+    f = snap.facts
     project = Path(f["project"]) if f.get("project") else None
-    if project is None:  # the built-in trainer's own config, where it is (so no project is chosen for it)
+    if project is None:  # no project: the config where it is, while it is the run's (a built-in one is)
         original = Path(f["config"]) if f.get("config") else None
-        config = original if original is not None and original.is_file() else config
-        yield Again(opts, config, None, f"run {snap.run_id} again: the same config, no project")
+        if original is not None and original.is_file() and (
+                config is None or original.read_bytes() == config.read_bytes()):
+            config = original
+        yield Again(opts, config, None, f"run {snap.run_id} again: the same config, no project", named)
         return
     if not f.get("git"):
         yield Again(opts, config, project, f"run {snap.run_id} again: its project {project} was not a git "
-                    "repository, so it is sent as it is now (its code may differ from the run's)")
+                    "repository, so it is sent as it is now (its code may differ from the run's)", named)
         return
     now = git_state(project)
     if now.commit == f["commit"] and now.digest == f.get("patch_sha256"):
         yield Again(opts, config, project, f"run {snap.run_id} again: {project} is as it was "
-                    f"({f['commit'][:12]}{', with the same uncommitted changes' if f.get('dirty') else ''})")
+                    f"({f['commit'][:12]}{', with the same uncommitted changes' if f.get('dirty') else ''})",
+                    named)
         return
     root = Path(f.get("git_root") or project)
     tmp = Path(tempfile.mkdtemp(prefix=f"forja-again-{snap.run_id}-"))
@@ -271,9 +331,11 @@ def again(session: Session, name: str) -> Iterator[Again]:
                                          f"apply to {f['commit'][:12]}: {done.stderr.strip()[:300]}")
         sub = project.resolve().relative_to(root.resolve()) if project.resolve() != root.resolve() else Path()
         changes = " with its uncommitted changes" if snap.patch else ""
+        _WORKTREES[tree.resolve()] = root
         yield Again(opts, config, tree / sub, f"run {snap.run_id} again: {project} differs from the run's "
                     f"code, so its commit {f['commit'][:12]}{changes} is sent from a temporary worktree "
-                    f"({tree}); your own tree is untouched")
+                    f"({tree}); your own tree is untouched", named)
     finally:
+        _WORKTREES.pop(tree.resolve(), None)
         git(root, "worktree", "remove", "--force", str(tree))
         shutil.rmtree(tmp, ignore_errors=True)

@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from forja import errors, managed, process_lock, sweep_space
+from forja import defaults, errors, managed, process_lock, sweep_space
 from forja import format as fmt
 from forja.paths import forja_home
 from forja.runs import RUN_NAME, now
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from forja.sweep_runners import Look, TrialRunner
 
 #: Seconds between two looks at the running trials (one status playbook per VM).
-POLL_S = 15.0
+POLL_S = defaults.SWEEP_POLL_S
 #: How long a sent trial may be on none of the hosts (not queued, not running) before it is told FAIL.
 LOST_AFTER_S = 600.0
 #: What a sweep's name may be: a run name with room for "-tNNN" (the trials' names).

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from forja import errors, lifecycle, managed
+from forja import cost_report, errors, lifecycle, managed
 from forja.runs import config_hash, now
 
 #: Run statuses a queue reports for a run that waits its turn (the on-VM queue's words).
@@ -346,6 +346,10 @@ class VmRunner:
         self.resuming: dict[str, float] = {}
         #: ... and those of them whose recovery the sweep has not counted yet (one per preemption).
         self.uncounted: set[str] = set()
+        #: Trials whose send Spot cut short (the VM was taken while the playbook ran): sent once it is back.
+        self.unsent: set[str] = set()
+        #: Trials' results fetched here as each ended (its folder): a zone move later deletes their VM's disk.
+        self.fetched: dict[str, Path | None] = {}
 
     def _session_for(self, host: str) -> Any:
         """A session aimed at one host of the inventory: a trial trains alone there, even on a cluster
@@ -389,7 +393,42 @@ class VmRunner:
         how = self._how(run, config, host)
         self.sent[run] = {"host": host, **how}
         self.live[run] = None
-        training.train(self.sessions[host], **how)
+        try:
+            training.train(self.sessions[host], **how)
+        except errors.ForjaError:
+            if not self._taken(host):
+                self.sent.pop(run)
+                self.live.pop(run, None)
+                raise
+            # Not the trial's fault: its next look finds the VM down, the watcher brings it back, and
+            # the trial is sent then (or with the VM's trials after a zone move).
+            self.unsent.add(run)
+            self.say(f"{run}: its VM was preempted while the trial was sent; it is sent once the VM is back")
+
+    def _taken(self, host: str) -> bool:
+        """Whether Spot took the host's VM (it is not running): asked only when a send failed."""
+        try:
+            return not self._watcher(host).observe().running
+        except errors.ForjaError:
+            return False
+
+    def _send_unsent(self, host: str, named: Sequence[str]) -> dict[str, Look]:
+        """Send the trials a preemption cut short, once their VM answers; a send that fails on a running
+        VM is the trial's own failure."""
+        from forja import training
+
+        failed: dict[str, Look] = {}
+        for run in [r for r in named if r in self.unsent]:
+            try:
+                training.train(self.sessions[host], **self._how_again(run))
+            except errors.ForjaError as exc:
+                if not self._taken(host):
+                    self.unsent.discard(run)
+                    failed[run] = Look("failed", reason=exc.message.splitlines()[0][:300])
+                continue
+            self.unsent.discard(run)
+            self.resuming[run] = time.monotonic()
+        return failed
 
     def look(self, runs: Sequence[str]) -> dict[str, Look]:
         by_host: dict[str, list[str]] = {}
@@ -407,9 +446,13 @@ class VmRunner:
             except (errors.HostUnreachable, errors.PlaybookFailed):  # not a verdict: the next look asks again
                 found.update((run, Look("unknown")) for run in named)
                 continue
-            session.sync_history(pairs)
+            for ended in session.sync_history(pairs):
+                cost_report.settle(session, ended)  # the run's cost, as every view shows it
             states = {state.run: state for _, state in pairs if state.status != "unknown"}
+            found.update(failed := self._send_unsent(host, named))  # the VM answers: send what Spot cut short
             for run in named:
+                if run in failed:
+                    continue
                 state = states.get(run)
                 if state is None:
                     found[run] = Look("unknown")
@@ -427,7 +470,20 @@ class VmRunner:
                 self.resuming.pop(run, None)
             elif look.status not in ("queued", "unknown", "preempted"):  # it ended: nothing to send again
                 self.live.pop(run, None)
+                if run not in self.fetched:
+                    self.fetched[run] = self._fetch(run)
         return found
+
+    def _fetch(self, run: str) -> Path | None:
+        """A trial's results fetched here once it ended, while the VM that ran it exists (the next
+        trial trains meanwhile); None when they could not be (`model_of` tries again)."""
+        from forja import following
+
+        how = self.sent.get(run)
+        try:
+            return following.fetch_run(self.sessions[how["host"]] if how else self.session, run).artifact_dir
+        except errors.ForjaError:
+            return None
 
     def stop(self, run: str) -> None:
         from forja import following
@@ -482,7 +538,7 @@ class VmRunner:
             return WAIT
         from forja import training
 
-        again = {k: v for k, v in self.sent[run].items() if k != "host"}
+        again = self._how_again(run)
         if again.get("queue"):
             again["priority"] = 1  # before the trials waiting behind it: it was running
         try:
@@ -510,21 +566,24 @@ class VmRunner:
             key = f"{self.name}-{host}"
             state = managed.WatchState.load(key) or managed.WatchState(run=key, zones=zones)
             state.zones = list(dict.fromkeys([*state.zones[:1], *zones]))
-            self.watchers[host] = TrialsWatcher(session, state, self.budget, lambda h=host: [
-                {k: v for k, v in self.sent[r].items() if k != "host"} for r in self._on(h)], self.say)
+            self.watchers[host] = TrialsWatcher(session, state, self.budget,
+                                                lambda h=host: self._send_again_on(h), self.say)
         return self.watchers[host]
+
+    def _send_again_on(self, host: str) -> list[dict[str, Any]]:
+        """What a zone move sends again: every trial still watched on the host, those a preemption cut
+        short included (sent with the rest, so not again by the next look)."""
+        trials = self._on(host)
+        self.unsent.difference_update(trials)
+        return [self._how_again(r) for r in trials]
+
+    def _how_again(self, run: str) -> dict[str, Any]:
+        """`training.train`'s arguments that sent the trial (what it is sent again with)."""
+        return {k: v for k, v in self.sent[run].items() if k != "host"}
 
     def model_of(self, run: str) -> Path | None:
         """The run's results fetched here (forja-runs/RUN), its model among them."""
-        from forja import following
-
-        how = self.sent.get(run)
-        session = self.sessions[how["host"]] if how else self.session
-        try:
-            result = following.fetch_run(session, run)
-        except errors.ForjaError:
-            return None
-        folder = result.artifact_dir
+        folder = self.fetched.get(run) or self._fetch(run)
         if folder is None:
             return None
         return folder / "model" if (folder / "model").is_dir() else folder

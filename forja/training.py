@@ -17,9 +17,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from forja import consent, datasets, errors, following, host_contract, inventory, snapshot, trainer_config
+from forja import (
+    consent,
+    contract,
+    cost_report,
+    datasets,
+    errors,
+    following,
+    host_contract,
+    inventory,
+    snapshot,
+    trainer_config,
+)
 from forja import events as ev
 from forja import replace as replacement
+from forja.defaults import BACKENDS
 from forja.runs import RUN_NAME, TrainResult, config_hash, new_run_id, now
 from forja.session import Session
 
@@ -29,8 +41,6 @@ if TYPE_CHECKING:
 #: The role's refusal of a name whose run completed on the host (roles/trainer_run/tasks/validate.yml):
 #: this history may not know that run (another machine sent it), so the host is asked too.
 COMPLETED_TASK = "Refuse to send a run under the name of one that completed on this host"
-#: Where a run goes: the inventory's VMs (the default) or a Vertex AI custom job.
-BACKENDS = ("vm", "vertex")
 
 
 @dataclass(frozen=True)
@@ -158,6 +168,7 @@ def train(
     priority: int | None = None,
     gpu_memory: str | None = None,
     queue_timeout_s: int | None = None,
+    queued_at: float | None = None,
     yes: bool = False,
     ask: Callable[[str], bool] | None = None,
     say: Callable[[str], None] | None = None,
@@ -220,7 +231,8 @@ def train(
     first served; it keeps its place across a reboot. `gpu_memory` (e.g. "10GiB") is its peak; without
     it the run spec's `gpu_memory:` or an earlier run of the same config says, else it takes the GPU
     alone. A run still waiting after `queue_timeout_s` (default 600; 0: no limit) fails with what it
-    waited for.
+    waited for. `queued_at` (Unix time) keeps when a run was first queued, on a VM a zone move replaced
+    (the managed watcher's restore of the old VM's queue), so its wait goes on counting.
     With `wait=False` it returns at once with status "queued"; `forja queue` lists, moves and cancels.
 
     The project sent is `project`, else the session's project_dir when it was given, else the
@@ -263,15 +275,16 @@ def train(
     inventory.required(session.inventory)  # no hosts named: stop before the history records a run
     given_config = plan.extravars.get("trainer_run_config")
     config_path = Path(given_config) if given_config else None
-    queued = _queue_vars(session, queue, priority, gpu_memory, queue_timeout_s, config_path)
+    queued = _queue_vars(session, queue, priority, gpu_memory, queue_timeout_s, config_path, queued_at)
     deletion = datasets.deletion_after_run(session, config_path, bucket_copy=delete_bucket_copy,
                                            asked=delete_data_after)
     following.notifications_for(session, notify)  # a missing or non-http(s) webhook: before anything
     session.chosen_cluster()  # nor a cluster the inventory does not have
     given = {**session.extravars, **(extravars or {})}
     _refuse_several_runs(session, given)
-    outgoing = consent.for_run(project_dir, excludes, plan.record_path)  # the last word before sending
-    consent.obtain(session, outgoing, yes=yes, ask=ask, say=say)
+    # the last word before sending; surveyed here unless the caller asked already (consent.obtain)
+    consent.obtain(session, lambda: consent.for_run(project_dir, excludes, plan.record_path),
+                   yes=yes, ask=ask, say=say)
     replaced: replacement.SetAside | None = None
     if name is not None and replace:
         replaced = replacement.set_aside(session, name, plan.record_path, given)
@@ -346,6 +359,9 @@ def train(
     else:
         history.update(run_id, hosts=hosts)
         following.announce(session, "run_started", run_id, f"run {run_id} started on {', '.join(hosts)}")
+    published = contract.read_stats(result.artifact_data).price_records  # its VMs, as the play read them
+    if published:  # its rate now: settling its cost at its end then reads no inventory
+        cost_report.price_run(session, history.get(run_id), published)
     if not wait:
         history.record_event(run_id, "detached", reason="detach")
         return TrainResult(run_id, "queued" if queued else "running", hosts, {}, None, result,
@@ -357,14 +373,14 @@ def train(
 
 def _queue_vars(
     session: Session, queue: bool, priority: object, gpu_memory: object, timeout_s: object,
-    config: Path | None = None,
+    config: Path | None = None, queued_at: object = None,
 ) -> dict[str, Any]:
     """The role variables of a queued run (forja.queue.plan checks them; `config`, the built-in trainer's,
     for its planned peak); {} for a run that starts now.
     A priority, GPU memory or queue timeout without `queue` is refused: it would be ignored."""
     if not queue:
         given = [n for n, v in (("priority", priority), ("gpu_memory", gpu_memory),
-                                ("queue_timeout_s", timeout_s)) if v is not None]
+                                ("queue_timeout_s", timeout_s), ("queued_at", queued_at)) if v is not None]
         if given:
             raise errors.ConfigError(given[0], f"{' and '.join(given)}: only for a queued run, ignored "
                                      "otherwise; add --queue (queue=True), or leave it out")
@@ -372,7 +388,7 @@ def _queue_vars(
     from forja import queue as run_queue  # the queue's checks load the host's rules only when asked
 
     return run_queue.plan(session, priority=priority, gpu_memory=gpu_memory, timeout_s=timeout_s,
-                          config=config)
+                          config=config, queued_at=queued_at)
 
 
 def _train_vertex(

@@ -45,7 +45,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from forja import errors, module_utils, trainer_config, vertex_job
+from forja import cost_report, defaults, errors, module_utils, trainer_config, vertex_job
 from forja import events as ev
 from forja.runs import RUN_NAME, TrainResult, config_hash, new_run_id, now
 from forja.vertex_job import (
@@ -69,7 +69,8 @@ from forja.vertex_job import (
 if TYPE_CHECKING:
     from forja.session import Session
 
-POLL_S = 5.0
+#: Seconds between two looks at a job's state and its new log lines.
+POLL_S = defaults.VERTEX_POLL_S
 #: Seconds `cancel` waits for CANCELLING to become CANCELLED before it returns the state as it is.
 CANCEL_WAIT_S = 60.0
 #: Seconds (of the entries' own timestamps) each poll of the logs reads again, for lines Cloud
@@ -450,6 +451,7 @@ def finish(
         **summary_fields(summary),
         **({"message": message} if message else {}),
     )
+    cost_report.settle(forja, run_id, [])  # the job's machines at their rate (note_rate), no VM's disk
     if status == "cancelled":
         raise errors.Cancelled(f"Vertex AI job {job['name']} of run {run_id} was cancelled")
     if status == "diverged":

@@ -15,15 +15,24 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from forja_sandbox import service, testhosts
-
-app = typer.Typer(help="The local sandbox cloud (Compute emulator + real local hosts).", no_args_is_help=True)
+app = typer.Typer(help="The local sandbox cloud (Compute emulator + real local hosts).\n\n"
+                  "\b\nExamples:\n  forja sandbox up\n  forja -i inventory/sandbox up\n  forja sandbox down",
+                  no_args_is_help=True)
 out = Console()
 
 
 @app.command()
 def up(as_json: Annotated[bool, typer.Option("--json", help="Print the endpoint as JSON.")] = False) -> None:
-    """Start the sandbox cloud (idempotent)."""
+    """Start the sandbox cloud (idempotent).
+
+    \b
+    Examples:
+      forja sandbox up
+      forja sandbox up --json
+      forja -i inventory/sandbox up    # then make its VM
+    """
+    from forja_sandbox import service, testhosts  # here: the help of every forja command loads this module
+
     try:
         endpoint = service.ensure_running()
     except (RuntimeError, testhosts.TestHostError) as exc:
@@ -49,7 +58,14 @@ def _next_steps() -> str:
 
 @app.command()
 def status(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
-    """Show whether the sandbox runs and which hosts its instances are bound to."""
+    """Show whether the sandbox runs and which hosts its instances are bound to.
+
+    \b
+    Example:
+      forja sandbox status --json
+    """
+    from forja_sandbox import service
+
     info = service.describe()
     if as_json:
         out.print_json(json.dumps(info))
@@ -63,6 +79,13 @@ def status(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] 
 
 @app.command()
 def down() -> None:
-    """Delete every sandbox instance with its host, stop the emulator, remove its state."""
+    """Delete every sandbox instance with its host, stop the emulator, remove its state.
+
+    \b
+    Example:
+      forja sandbox down
+    """
+    from forja_sandbox import service
+
     service.destroy()
     out.print("sandbox cloud removed")

@@ -126,7 +126,8 @@ class LiveMetrics:
             "forja_train_mfu_ceiling_ratio", "Model FLOPs utilisation against the measured matmul ceiling."
         )
         self.eta = gauge("forja_train_eta_seconds", "Seconds left at this session's mean rate.")
-        self.cost = gauge("forja_train_cost_usd", "USD spent so far: wall time (all sessions) x hourly rate.")
+        self.cost = gauge("forja_train_cost_usd", "Cost so far, USD: hourly rate x wall time (all sessions); "
+                          "the run's final cost adds setup and disk (metrics.cost_usd).")
         self.last_progress = gauge("forja_train_last_progress_timestamp_seconds",
                                    "Unix time of the last training step or evaluation batch.")  # fmt: skip
         self.data_wait = Counter("forja_data_wait_seconds", "Seconds the loop waited for its next batch.",

@@ -181,7 +181,8 @@ def render(run: str | os.PathLike[str]) -> dict[str, Any]:
         "percent",
         ylim=(0, 105),
     )
-    figure(PLOT_COST, "Cumulative cost", [("USD", [r.get("cost_usd") for r in rows])], "USD")
+    figure(PLOT_COST, "Cost so far (the trainer's count: its wall time at the rate)",
+           [("USD", [r.get("cost_usd") for r in rows])], "USD")
 
     written.setdefault("status", "unknown (no summary: the run may still be going or was killed)")
     summary = Summary.from_dict(written).to_dict()

@@ -33,7 +33,8 @@ class Summary:
     eval_loss: float | None = None
     #: Mean throughput of this session's loop (samples over the loop's wall time).
     samples_per_s: float | None = None
-    #: Wall time over all sessions (setup included) and what it cost at ``price_per_hour``.
+    #: Wall time over all sessions (setup included) and what it cost at ``price_per_hour``: the trainer's
+    #: own count, "of which training" of the run's cost that forja settles (trainer.metrics.cost_usd).
     wall_s: float | None = None
     cost_usd: float | None = None
     #: The step this session resumed from (None: a fresh start), and what preemptions cost.

@@ -6,36 +6,46 @@ changed or left out alone. What they use is public; what only this module uses k
 
 One error path (`exit_on_error`): a `ForjaError` prints its message (or one JSON document under
 `--json`) and exits with its code; Ctrl-C exits 4. One way to register a command (`verb`): its help
-is the `Forja` method's docstring, one text for the API and the CLI. One factory of the API object
-(`forja_for`), built from the global options. The printers: `out` (stdout, the result), `console`
-(stderr, progress and errors), `emit_json` (what --json prints), the progress display and the tables
-that more than one command shows.
+is its own `Help` for people, kept beside the command (what it does in flags, examples, related
+verbs), never the API's docstring, which speaks Python; and `--json` is taken after the verb as well
+as before it. One factory of the API object (`forja_for`), built from the global options. The
+printers: `out` (stdout, the result), `console` (stderr, progress and errors), `emit_json` (what
+--json prints), the progress display and the tables that more than one command shows.
+
+Nothing here imports the API (`forja.api`, and with it pydantic, requests, prometheus_client) at
+module level: `forja --help` and every verb's `--help` only build the command tree, so the API loads
+in `forja_for`, when a command runs (tests/cli/test_cli_help.py holds this).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
-import re
 import signal
 import sys
 import threading
+import typing
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Annotated, Any, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from typer.core import TyperGroup
 
 from forja import format as fmt
-from forja.api import Forja
 from forja.errors import ExitCode, ForjaError
 from trainer import finite
 from trainer.summary import HEADLINE
+
+if TYPE_CHECKING:
+    from forja.api import Forja
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 ok, 1 a playbook task failed, 2 bad usage or input, 3 a host is unreachable, "
@@ -88,6 +98,8 @@ def forja_for(
     """The API object, built from the global options. Which inventory (-i, else FORJA_INVENTORY) is
     the API's rule (`forja.inventory.chosen`); a verb that needs hosts and has none named stops
     there with the choices, before anything runs, while the history and price lookups need none."""
+    from forja.api import Forja  # here, not at the top: help never loads the API
+
     o = global_options(ctx)
     return Forja(
         inventory=o.inventory,
@@ -160,33 +172,70 @@ def exit_on_error(ctx: typer.Context, on_interrupt: str) -> Iterator[None]:
         raise typer.Exit(int(ExitCode.CANCELLED)) from exc
 
 
-_SECTION = re.compile(r"^(Args|Arguments|Returns|Raises|Yields):\s*$")
+@dataclasses.dataclass(frozen=True)
+class Help:
+    """A command's help for people, in the CLI's own terms: flags and files, never the Python API's
+    parameters (the API's docstrings speak to Python callers and stay theirs).
+
+    `summary` is the one line `forja --help` lists; `text` says what the command does, how and what
+    to watch for, in paragraphs (each reflowed to the terminal); `examples` are command lines to copy
+    (a `  # why` after one is shown as it is); `see_also` names the related verbs. `render` makes
+    the one text that `--help` prints and the docs' command reference shows: plain text, which
+    click's formatter wraps to the terminal (the `forja` app has no rich markup: see its module)."""
+
+    summary: str
+    text: str = ""
+    examples: tuple[str, ...] = ()
+    see_also: tuple[str, ...] = ()
+
+    def render(self) -> str:
+        paragraphs = [" ".join(self.summary.split())]
+        paragraphs += [" ".join(p.split()) for p in self.text.strip().split("\n\n") if p.strip()]
+        if self.examples:  # "\b": click prints the paragraph as it is, one command line a line
+            title = "Examples:" if len(self.examples) > 1 else "Example:"
+            paragraphs.append("\n".join(["\b", title, *(f"  {line}" for line in self.examples)]))
+        if self.see_also:
+            paragraphs.append(f"See also: {', '.join(self.see_also)}.")
+        return "\n\n".join(paragraphs)
 
 
-def doc(method: Callable[..., Any]) -> str:
-    """The method's docstring without its Python-only sections (Args, Returns, ...), each paragraph
-    on one line so that the help reflows it to the terminal's width."""
-    lines = (inspect.getdoc(method) or "").splitlines()
-    for i, line in enumerate(lines):
-        if _SECTION.match(line):
-            lines = lines[:i]
-            break
-    paragraphs = "\n".join(lines).strip().split("\n\n")
-    return "\n\n".join(" ".join(line.strip() for line in p.splitlines()) for p in paragraphs)
+#: `--json` after the verb (`forja runs --json`), the same switch as the root's `forja --json runs`.
+JSON_AFTER_VERB = inspect.Parameter(
+    "json_after_verb", inspect.Parameter.KEYWORD_ONLY, default=False,
+    annotation=Annotated[bool, typer.Option("--json", help="Print one JSON document for scripts (the same as "
+                                            "forja --json before the command).")],
+)
+
+
+def with_json_option(fn: F) -> F:
+    """`fn`, a command body, with `--json` among its options: given after the verb, it sets the global
+    option (`Options.json`) before the body runs, so the body and its errors print JSON as they do for
+    `forja --json VERB`. One mechanism for every verb that prints, applied by `verb`."""
+
+    @functools.wraps(fn)
+    def command(ctx: typer.Context, *args: Any, json_after_verb: bool = False, **kwargs: Any) -> Any:
+        if json_after_verb:
+            global_options(ctx).json = True
+        return fn(ctx, *args, **kwargs)
+
+    signature = inspect.signature(fn, eval_str=True)
+    command.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[*signature.parameters.values(), JSON_AFTER_VERB])
+    return command  # type: ignore[return-value]
 
 
 def verb(
-    method: Callable[..., Any],
+    about: Help,
     name: str | None = None,
     *,
     on_interrupt: str = "cancelled",
     register: Callable[..., Callable[[F], F]],
     **settings: Any,
 ) -> Callable[[F], F]:
-    """Register a command for a `Forja` method: its help is the method's docstring, its errors go
-    through `exit_on_error`. `register` is the part's Typer's `command` (or `callback`, for a group
-    that is itself a verb: `forja cost`). `settings` go to typer (e.g. `epilog` for what only the
-    command does)."""
+    """Register a command: its help is `about` (its own text for people), its errors go through
+    `exit_on_error`, and it takes `--json` after the verb too (`with_json_option`). `register` is the
+    part's Typer's `command` (or `callback`, for a group that is itself a verb: `forja cost`).
+    `settings` go to typer (e.g. `cls`)."""
 
     def decorate(fn: F) -> F:
         @functools.wraps(fn)
@@ -195,11 +244,79 @@ def verb(
                 return fn(ctx, *args, **kwargs)
 
         command.__doc__ = None
-        options = {"help": doc(method), **settings}
+        options = {"help": about.render(), "short_help": about.summary, **settings}
         decorator = register(name, **options) if name is not None else register(**options)
-        return decorator(command)  # type: ignore[no-any-return]
+        return decorator(with_json_option(command))  # type: ignore[no-any-return]
 
     return decorate
+
+
+class _CoerceWhenGiven:
+    """Stands in for typer's conversion of one option's value until the user gives one.
+
+    typer (0.2x) converts every value through a pydantic TypeAdapter that it builds, loading pydantic
+    (0.1 s), the first time it processes the option, given or not; and `forja VERB --help` processes
+    the root's options (and a group's, `forja cost rate --help`) before the verb's help. A value
+    nobody typed is forja's own default, already of its type: it passes as it is (None as typer
+    makes it, () for a repeatable option), so help never loads pydantic and a typed value is still
+    converted and checked by typer's own code."""
+
+    def coerce(self, value: Any, param: Any, ctx: Any) -> Any:
+        source = ctx.get_parameter_source(param.name)
+        if source is None or source.name in ("DEFAULT", "DEFAULT_MAP"):
+            return () if value is None and (param.multiple or param.nargs == -1) else value
+        param._runtime_param = None  # typer's own conversion, built now and kept
+        return param.get_runtime_param().coerce(value, param=param, ctx=ctx)
+
+
+#: What a value is called in help, by its type: typer (0.2x) shows Python's own (`<list[str]>`).
+VALUE_WORDS: dict[Any, str] = {str: "TEXT", int: "INTEGER", float: "NUMBER", Path: "PATH"}
+
+
+def name_the_value(param: Any) -> None:
+    """Say a parameter's value in help in the CLI's words, not Python's: an argument by its own name
+    (NAME, CONFIG; typer would add `<str>` after it), an option by its kind (TEXT, INTEGER, NUMBER,
+    PATH; the same for a repeatable one). A flag has no value; a kind not listed keeps typer's label."""
+    described = getattr(param, "type_descriptor", None)
+    if described is None or getattr(param, "is_flag", False) or param.metavar is not None:
+        return
+    if param.param_type_name == "argument":
+        param.metavar = str(param.name).upper()
+        param.display_type_rich = lambda ctx: None  # the name says it; typer's type label would follow
+        return
+    kind = typing.get_args(described.annotation)[0] if described.is_list else described.annotation
+    param.metavar = VALUE_WORDS.get(kind)
+
+
+class RootGroup(TyperGroup):
+    """The root command, which sets two things on every parameter of the tree that typer built: its
+    value's name in help (`name_the_value`), as it is made; and, as the root's arguments are parsed (typer
+    has added its completion options by then), value conversion that waits for a value the user
+    gave (`_CoerceWhenGiven`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        todo: list[Any] = [self]
+        while todo:
+            command = todo.pop()
+            todo.extend(getattr(command, "commands", {}).values())
+            for param in command.params:
+                name_the_value(param)
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        todo: list[Any] = [self]
+        while todo:
+            command = todo.pop()
+            todo.extend(getattr(command, "commands", {}).values())
+            for param in command.get_params(ctx):  # with the --help option that typer adds
+                if hasattr(param, "get_runtime_param") and getattr(param, "_runtime_param", 0) is None:
+                    param._runtime_param = _CoerceWhenGiven()
+        return super().parse_args(ctx, args)
+
+
+def group(name: str, about: Help, **settings: Any) -> typer.Typer:
+    """A part whose commands sit under one word (`forja data push`): its help is `about`."""
+    return typer.Typer(name=name, help=about.render(), short_help=about.summary, **settings)
 
 
 # -- printing -----------------------------------------------------------------------------------
@@ -323,7 +440,8 @@ def follow_command(
     o = global_options(ctx)
     interrupted = threading.Event()
     with ctrl_c_sets(interrupted), show_progress(not o.json) as on_event:
-        result = action(forja_for(ctx, on_event, cluster), interrupted)
+        forja = forja_for(ctx, on_event, cluster)
+        result = action(forja, interrupted)
     if result.detached is not None:
         _report_detached(result, timeout, o.json)
         return
@@ -336,6 +454,11 @@ def follow_command(
     table.add_column("field")
     table.add_column("value")
     for key in SUMMARY_SHOWN:
+        if key == "cost_usd":  # the trainer's count is a part of the run's cost (docs/cost-definition.md)
+            with contextlib.suppress(ForjaError):
+                table.add_row("cost", fmt.money(forja.history.get(result.run_id).cost_usd))
+            table.add_row("of which training", fmt.field(key, result.summary.get(key)))
+            continue
         table.add_row(key, fmt.field(key, result.summary.get(key)))
     table.add_row("artifacts", str(result.artifact_dir or ""))
     out.print(table)

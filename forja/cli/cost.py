@@ -1,6 +1,6 @@
 """`forja cost` and `forja cost rate`: what the VMs and the runs cost, and a machine's hourly rate.
 
-`forja cost` is a group that is itself a verb (`Forja.cost`, its callback) with one sub-command,
+`forja cost` is a group that is itself a verb (its callback calls `Forja.cost`) with one sub-command,
 `rate` (`Forja.rate`); `python -m forja.cost` runs the same command (forja/cost/__main__.py).
 `forja train` shows its own estimate before sending (forja/cli/train.py).
 """
@@ -14,12 +14,11 @@ import typer
 from rich.table import Table
 
 from forja import format as fmt
-from forja.api import Forja
-from forja.cli.common import doc, emit_json, forja_for, global_options, out, verb
-from forja.cost_report import SCOPES, WARN_AT
+from forja.cli.common import Help, emit_json, forja_for, global_options, out, verb
+from forja.defaults import SCOPES, WARN_AT
 
-#: `forja cost`: without a sub-command its callback is the verb (`Forja.cost`).
-commands = typer.Typer(name="cost", help=doc(Forja.cost), invoke_without_command=True, no_args_is_help=False)
+#: `forja cost`: without a sub-command its callback is the verb (`Forja.cost`); its help is COST's.
+commands = typer.Typer(name="cost", invoke_without_command=True, no_args_is_help=False)
 
 
 def _cost_table(report: Any) -> Table:
@@ -61,12 +60,31 @@ def _cost_table(report: Any) -> Table:
     return table
 
 
-@verb(Forja.cost, register=commands.callback)
+COST = Help(
+    "Show what the VMs cost: each one's hourly rate, uptime, spend, month if left running, and disk.",
+    """The VMs are the inventory's (or those of an --instances file, for a report made offline).
+    Prices are forja's built-in table of Google's list prices, with --prices (a YAML file, or
+    FORJA_PRICES) merged over it; an estimated price is marked *. --cap checks the spend against a cap
+    in USD, per VM or for the whole project (--scope), warning at the --warn fraction of it. --run NAME
+    shows one run's cost instead, part by part: setup, waiting for data, evaluation and the rest, time
+    down, the disk.""",
+    examples=(
+        "forja cost",
+        "forja cost --cap 50 --scope project",
+        "forja cost --run lr3",
+        "forja cost rate --machine-type g2-standard-8 --zone us-east1-d --spot",
+    ),
+    see_also=("forja cost rate", "forja plan", "forja runs", "forja prune"),
+)
+
+
+@verb(COST, register=commands.callback)
 def cost(
     ctx: typer.Context,
     instances: Annotated[
         Path | None,
-        typer.Option("--instances", help="JSON/YAML list of instance dicts instead of the inventory."),
+        typer.Option("--instances", help="A JSON or YAML file listing instances (name, zone, machine_type, "
+                     "status, ... as the Compute API describes them) instead of the inventory."),
     ] = None,
     prices: Annotated[
         Path | None,
@@ -141,18 +159,33 @@ def _show_run_cost(ctx: typer.Context, found: Any) -> None:
     table.add_row(f"down, VM not billed ({found.preemptions} preempted, {found.zone_moves} zone moves)",
                   fmt.duration(found.down_s), "", "")
     table.add_row("disk, the whole time", fmt.duration(found.span_s), fmt.money(found.disk_usd) or "?", "")
-    table.add_row("[bold]total[/]", "", f"[bold]{fmt.money(found.total_usd)}[/]", "")
+    table.add_row("[bold]total[/]", "", f"[bold]{fmt.money(found.cost_usd)}[/]", "")
     out.print(table)
     if not known:
         out.print(f"no split into setup, compute, data wait and evaluation: the run's results are not on "
                   f"this machine (fetch them with `forja fetch {found.run_id}`)")
     if found.disk_usd is None:
         out.print("the disk is not counted: no record of the run's VM (name the inventory or --instances)")
-    if found.trainer_usd is not None:
-        out.print(f"the trainer's own figure (its processes only): {fmt.money(found.trainer_usd)}")
+    if found.training_usd is not None:
+        from forja.cost.run import TRAINING_LABEL
+
+        out.print(f"{TRAINING_LABEL}: {fmt.money(found.training_usd)}")
 
 
-@verb(Forja.rate, "rate", register=commands.command)
+RATE = Help(
+    "Show the hourly rate of one machine type in one zone, on demand or Spot, and where it comes from.",
+    """Priced from forja's built-in table of Google's list prices (with --prices merged over it), as
+    forja cost and forja plan price; the basis says which prices were added up, or that it is an
+    estimate. Nothing is asked of Google and no inventory is needed.""",
+    examples=(
+        "forja cost rate --machine-type g2-standard-8 --zone us-east1-d",
+        "forja cost rate --machine-type g2-standard-24 --zone us-central1-a --spot --json",
+    ),
+    see_also=("forja cost", "forja plan", "forja zones"),
+)
+
+
+@verb(RATE, "rate", register=commands.command)
 def rate(
     ctx: typer.Context,
     machine_type: Annotated[str, typer.Option("--machine-type", help="e.g. g2-standard-8")],

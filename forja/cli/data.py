@@ -1,7 +1,7 @@
 """`forja data push PATH`: the CLI side of `Forja.push_data` (parse, show progress, print).
 
-It registers through forja/cli/common.py's `verb`, so the help is the API's docstring and errors
-take the one error path; its own progress display shows bytes and files, as a push is measured.
+It registers through forja/cli/common.py's `verb`, so its help is its own (PUSH) and errors take the
+one error path; its own progress display shows bytes and files, as a push is measured.
 """
 
 from __future__ import annotations
@@ -21,22 +21,26 @@ from rich.progress import (
 from rich.table import Table
 
 from forja import format as fmt
-from forja.api import Forja
 from forja.cli.common import (
+    Help,
     YesOption,
     asker,
     console,
     emit_json,
     forja_for,
     global_options,
+    group,
     out,
     result_table,
     verb,
 )
-from forja.datasets import PUSH_THREADS
+from forja.defaults import PUSH_THREADS
 
-commands = typer.Typer(name="data", help="Datasets: push a folder to the project's bucket.",
-                       no_args_is_help=True)
+commands = group("data", Help(
+    "Datasets: push a folder to the project's bucket, for your runs to read.",
+    examples=("forja data push ~/datasets/flowers",),
+    see_also=("forja train --delete-data-after",),
+), no_args_is_help=True)
 
 _PHASES = {"hash": "hashing", "upload": "uploading", "manifest": "writing the manifest"}
 
@@ -66,7 +70,28 @@ def _say(text: str) -> None:
     console.print(text, soft_wrap=True, highlight=False, markup=False)
 
 
-@verb(Forja.push_data, "push", register=commands.command)
+PUSH = Help(
+    "Push a dataset folder to the project's bucket, as gs://BUCKET/datasets/NAME, for your runs to read.",
+    """Each distinct file is stored once, by its content, so a second push sends only what changed and
+    an interrupted push resumes where it stopped: push again. Uploads run in parallel (--threads),
+    each checked against its checksum; the manifest is written last, so a partial push never looks
+    complete. Files that look like keys or secrets are left out, as for forja train. The bucket is
+    --bucket, else the inventory's dataset_bucket or gcp_bucket_name. Without a bucket (or with
+    --to-host) the folder goes straight to the VM's disk (rsync over SSH, each file checked there).
+    What will be sent is shown first, and you are asked at a terminal unless --yes.
+
+    A run reads it as gs://BUCKET/datasets/NAME (its config's data_args.source), or staged on the VM's
+    disk.""",
+    examples=(
+        "forja data push ~/datasets/flowers",
+        "forja data push ./data --name flowers-v2 --exclude '*.tmp' --yes",
+        "forja data push ./data --to-host",
+    ),
+    see_also=("forja train --delete-data-after", "forja train"),
+)
+
+
+@verb(PUSH, "push", register=commands.command)
 def push(
     ctx: typer.Context,
     path: Annotated[Path, typer.Argument(help="The dataset folder.")],

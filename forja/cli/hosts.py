@@ -5,14 +5,14 @@ Each prints the playbooks' recap table (or the result's JSON) through forja/cli/
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
 from forja import errors
-from forja.api import Forja
 from forja.cli.common import (
+    Help,
     emit_json,
     forja_for,
     global_options,
@@ -22,8 +22,9 @@ from forja.cli.common import (
     show_progress,
     verb,
 )
-from forja.contract import PreflightReport
-from forja.preflight import STATUS_WORDS
+
+if TYPE_CHECKING:
+    from forja.contract import PreflightReport
 
 #: No name: its verbs are the root's own (`forja up`), registered in forja/cli/__init__.py.
 commands = typer.Typer()
@@ -35,6 +36,8 @@ _STATUS_STYLE = {"fail": "bold red", "warn": "yellow", "ok": "green", "skip": "d
 
 def check_table(report: PreflightReport) -> Table:
     """The preflight as people read it: one row per finding, what to do beside each problem."""
+    from forja.preflight import STATUS_WORDS
+
     failed = len(report.failed)
     verdict = (f"{failed} problem{'s' if failed != 1 else ''} to fix before forja up" if failed
                else "ready for forja up")
@@ -49,12 +52,27 @@ def check_table(report: PreflightReport) -> Table:
     return table
 
 
-@verb(
-    Forja.check,
-    register=commands.command,
-    epilog="Examples:\n\n  forja -i ~/.config/forja/inventory check\n\n  forja check --vertex --json | jq "
-           "'.findings[] | select(.status == \"fail\")'\n\nExit code 9 when something blocks forja up.",
+CHECK = Help(
+    "Check your Google Cloud project for the VM that forja up would make, creating nothing.",
+    """Asks Google, read-only: your credentials, the project and its billing, the APIs forja needs
+    (Compute Engine; IAP for the iap SSH path; Cloud Storage when there is a bucket; Vertex AI with
+    --vertex), your permissions, the machine type in each zone, the image, the GPU, CPU and disk
+    quota, this machine's SSH key and IAP command, and the price. For a Spot VM it also reads Google's
+    capacity advice and warns (never blocks) when even the best zone is unlikely to have one,
+    suggesting a Flex-start VM instead.
+
+    Every problem comes with its fix. forja up runs the same check first and stops when something
+    blocks; this command exits 9 then.""",
+    examples=(
+        "forja check",
+        "forja -i ~/.config/forja/inventory check --vertex",
+        "forja check --json | jq '.findings[] | select(.status == \"fail\")'",
+    ),
+    see_also=("forja init", "forja up", "forja zones"),
 )
+
+
+@verb(CHECK, register=commands.command)
 def check(
     ctx: typer.Context,
     vertex: Annotated[bool, typer.Option("--vertex", help="Also check what Vertex AI jobs need "
@@ -71,7 +89,26 @@ def check(
         raise typer.Exit(int(errors.ExitCode.CHECK_FAILED))
 
 
-@verb(Forja.up, register=commands.command,
+UP = Help(
+    "Create the GPU VM(s) of the inventory, or start them if they are stopped.",
+    """Checks the project first (as forja check does) and creates nothing when something blocks: no
+    quota, an API off, a missing permission or tool; --no-check skips that. Runs
+    playbooks/provision.yml; -e changes what it makes, e.g. another zone.
+
+    A Flex-start VM (gcp_instance_provisioning_model: flex_start in the inventory) waits at Google for
+    capacity, up to gcp_instance_flex_start_wait, with a progress line at each look. Ctrl-C stops
+    waiting and leaves the request queued: forja up again waits for it once more, forja down --delete
+    withdraws it.""",
+    examples=(
+        "forja up",
+        "forja -i inventory/sandbox up",
+        "forja -e gcp_instance_zone=us-central1-a up --no-check",
+    ),
+    see_also=("forja configure", "forja check", "forja down", "forja zones"),
+)
+
+
+@verb(UP, register=commands.command,
       on_interrupt="stopped waiting; what was made stays, and a queued Flex-start request stays queued at "
                    "Google: forja up again goes on (and waits for it), forja down --delete withdraws it")
 def up(
@@ -83,12 +120,40 @@ def up(
     run_playbooks(ctx, lambda f: f.up(check=not no_check))
 
 
-@verb(Forja.configure, register=commands.command)
+CONFIGURE = Help(
+    "Set up the VM: the NVIDIA stack, Jupyter for Colab, and the guard that stops it when idle.",
+    """Runs playbooks/gpu.yml, jupyter.yml and autostop.yml on the inventory's VMs; run it again at
+    any time: what is in place stays, what went missing is put back. The idle guard watches Jupyter's
+    kernels, so a Jupyter port moved with -e host_contract_jupyter_port=N moves it too.""",
+    examples=(
+        "forja configure",
+        "forja -l forja-l4 configure   # one VM of the inventory",
+    ),
+    see_also=("forja up", "forja tunnel", "forja train"),
+)
+
+
+@verb(CONFIGURE, register=commands.command)
 def configure(ctx: typer.Context) -> None:
     run_playbooks(ctx, lambda f: f.configure())
 
 
-@verb(Forja.down, register=commands.command)
+DOWN = Help(
+    "Stop the GPU VM(s), or delete them with --delete.",
+    """Stopping keeps the boot disk (it is still billed, by the month) and the buckets. With --delete
+    the VM and its boot disk go; what goes and what stays (each disk with its monthly cost, the
+    buckets) is said first, and under --json it is the result's deletion_plan. Nothing asks to
+    confirm, so scripts and cron run it as they are. Runs playbooks/teardown.yml.""",
+    examples=(
+        "forja down",
+        "forja down --delete",
+        "forja --json down --delete | jq .deletion_plan",
+    ),
+    see_also=("forja up", "forja prune", "forja cost"),
+)
+
+
+@verb(DOWN, register=commands.command)
 def down(
     ctx: typer.Context,
     delete: Annotated[bool, typer.Option(
@@ -117,13 +182,24 @@ _PRUNE_WORDS = {"delete": "[bold red]deleted[/]", "keep": "[yellow]kept (in doub
                 "not-stopped": "[dim]not stopped[/]", "off": "[dim]off[/]", "absent": "[dim]gone[/]"}
 
 
-@verb(
-    Forja.prune,
-    register=commands.command,
-    epilog="Examples:\n\n  forja prune --dry-run\n\n  forja -i inventory/gcp_gpu.yml prune --notify\n\n"
-           "Automatic, every hour (crontab -e):\n\n  17 * * * *  cd ~/forja && .venv/bin/forja -i "
-           "inventory/gcp_gpu.yml prune --notify >> ~/.cache/forja/prune.log 2>&1",
+PRUNE = Help(
+    "Delete the VMs that stayed stopped too long, once their checkpoints are safe in the bucket.",
+    """A VM goes when it has been stopped longer than the inventory's autostop_delete_after (e.g. 7d;
+    off by default) and its runs' newest checkpoints and results are all in the checkpoint bucket
+    (the idle guard records them on the VM just before it powers it off). A VM that is due but in
+    doubt (no bucket, something missing, stopped by forja down) is kept, with a warning naming how long it has
+    been stopped, what its disk costs a month and the fix. --dry-run says what would go and why, and
+    deletes nothing. Runs playbooks/prune.yml; run it from cron to make it automatic, e.g. every hour
+    (crontab -e): 17 * * * * cd ~/forja && .venv/bin/forja -i inventory/gcp_gpu.yml prune --notify""",
+    examples=(
+        "forja prune --dry-run",
+        "forja -i inventory/gcp_gpu.yml prune --notify",
+    ),
+    see_also=("forja down", "forja cost"),
 )
+
+
+@verb(PRUNE, register=commands.command)
 def prune(
     ctx: typer.Context,
     dry_run: Annotated[bool, typer.Option(

@@ -1,7 +1,7 @@
 """`forja init --project ID`: the CLI side of `forja.init` (parse, write, print what to run next).
 
-Not a `Forja` method: it writes the inventory that a `Forja` is then built on, and needs none itself,
-so it registers with typer directly and takes the one error path (`exit_on_error`) by hand.
+Not a `Forja` method: it writes the inventory that a `Forja` is then built on, and needs none itself;
+it registers as every verb does (`verb`: its help, the one error path, `--json` after the verb).
 """
 
 from __future__ import annotations
@@ -13,27 +13,29 @@ from typing import Annotated
 import typer
 
 from forja import init
-from forja.cli.common import emit_json, exit_on_error, global_options, out
+from forja.cli.common import Help, emit_json, global_options, out, verb
 
 commands = typer.Typer()
 
-_HELP = f"""Write a starting inventory for your Google Cloud project, so forja works from any folder.
+INIT = Help(
+    "Write a starting inventory for your Google Cloud project, so forja works from any folder.",
+    f"""Writes ~/.config/forja/inventory (or --dir DIR): gcp_gpu.yml, which lists your project's forja
+    VMs, and group_vars/all/project.yml with your choices (project, zone, Spot, SSH path, bucket, key
+    file), beside links to forja's shared settings. Without -i and FORJA_INVENTORY, forja then uses it
+    by default. Nothing is contacted and no VM is made: run forja check, then forja up.
 
-Writes ~/.config/forja/inventory (or --dir DIR): gcp_gpu.yml, the source that lists your project's
-forja VMs, and group_vars/all/project.yml with your choices (project, zone, Spot, SSH path, bucket,
-key file), beside links to forja's shared settings. Without -i and FORJA_INVENTORY, forja then uses
-it by default. Nothing is contacted and no VM is made: run `forja check`, then `forja up`.
-
-Refuses to write over an existing inventory unless --force. A project ID is
-{init.PROJECT_RULE}.
-
-Example: forja init --project my-project-123 --spot --bucket my-project-123-forja
-"""
-#: Each paragraph on one line, so the help reflows to the terminal's width (as `common.doc` does).
-HELP = "\n\n".join(" ".join(paragraph.split()) for paragraph in _HELP.strip().split("\n\n"))
+    Refuses to write over an existing inventory unless --force. A project ID is {init.PROJECT_RULE}.""",
+    examples=(
+        "forja init --project my-project-123",
+        "forja init --project my-project-123 --spot --bucket my-project-123-forja",
+        "forja init --project my-project-123 --ssh direct --dir ./inventory-direct",
+    ),
+    see_also=("forja check", "forja up"),
+)
 
 
-@commands.command("init", help=HELP)
+@verb(INIT, "init", register=commands.command,
+      on_interrupt="cancelled; the inventory may be half written (run forja init --force)")
 def init_command(
     ctx: typer.Context,
     project: Annotated[str, typer.Option("--project", help="Your Google Cloud project ID (not its name).")],
@@ -63,10 +65,9 @@ def init_command(
         bool, typer.Option("--force", help="Replace the files of an earlier forja init.")
     ] = False,
 ) -> None:
-    with exit_on_error(ctx, "cancelled; the inventory may be half written (run forja init --force)"):
-        settings = init.Settings(project=project, zone=zone, spot=spot, ssh=ssh, bucket=bucket,
-                                 credentials_file=credentials_file)
-        written = init.write(settings, folder, force=force)
+    settings = init.Settings(project=project, zone=zone, spot=spot, ssh=ssh, bucket=bucket,
+                             credentials_file=credentials_file)
+    written = init.write(settings, folder, force=force)
     if global_options(ctx).json:
         emit_json(dataclasses.asdict(written))
         return

@@ -15,8 +15,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from forja.api import Forja
-from forja.cli.common import console, emit_json, forja_for, global_options, out, show_progress, verb
+from forja.cli.common import Help, console, emit_json, forja_for, global_options, out, show_progress, verb
 from forja.errors import ConfigError, ExitCode
 from forja.token_file import read_private
 from forja.ui import DEFAULT_PORT
@@ -26,16 +25,29 @@ commands = typer.Typer()
 
 
 # -- live metrics -------------------------------------------------------------------------------
-@verb(Forja.live, "top", register=commands.command,
-      epilog="Refreshes in place; Ctrl-C stops watching and leaves the runs alone "
-      "(exit 0). With --once or --json: one reading, exit 3 when no run answers.")
+TOP = Help(
+    "Watch the runs' live metrics in the terminal: step, loss, throughput, time left, cost, GPU, CPU.",
+    """Reads each run's metrics endpoint straight from the run, through the tunnel that forja tunnel
+    opens (or at each --url); no playbook runs, so it is cheap to leave open. It refreshes in place
+    every --interval seconds; Ctrl-C stops watching and leaves the runs alone (exit 0). With --once
+    or --json: one reading, exit 3 when no run answers.""",
+    examples=(
+        "forja top",
+        "forja top lr3 --interval 5",
+        "forja top --once --json",
+    ),
+    see_also=("forja tunnel", "forja logs", "forja ui"),
+)
+
+
+@verb(TOP, "top", register=commands.command)
 def top(
     ctx: typer.Context,
     run: Annotated[str | None, typer.Argument(help="Only this run (default: every run answering).")] = None,
     url: Annotated[
         list[str] | None,
-        typer.Option("--url", help="A run's metrics URL, repeatable (default: 127.0.0.1 at the host "
-                     "contract's metrics ports, where `forja tunnel` forwards them)."),
+        typer.Option("--url", help="A run's metrics URL, repeatable (default: 127.0.0.1 at the metrics "
+                     "ports that forja tunnel forwards)."),
     ] = None,
     interval: Annotated[float, typer.Option("--interval", min=0.2, help="Seconds between refreshes.")] = 2.0,
     once: Annotated[bool, typer.Option("--once", help="Show one reading and exit.")] = False,
@@ -58,7 +70,24 @@ def top(
 
 
 # -- Colab --------------------------------------------------------------------------------------
-@verb(Forja.tunnel, register=commands.command, epilog="Without --print the tunnel stays open until Ctrl-C.")
+TUNNEL = Help(
+    "Open the SSH tunnel to the VM's Jupyter and print the URL to paste into Colab.",
+    """In Colab: Connect, then "Connect to a local runtime", and paste the URL. The tunnel uses the
+    same port at both ends (Colab needs them equal) and brings the runs' live metrics along for forja
+    top. It stays open until Ctrl-C, and opens again by itself (same port, same token) when the VM
+    comes back after a stop, a preemption or a zone move; --once exits when ssh ends instead. The
+    printed URL hides the token unless --show-token; --print prints the command and URL and opens
+    nothing. A stopped VM exits 6 saying since when and why; --start starts it first.""",
+    examples=(
+        "forja tunnel",
+        "forja tunnel --start --show-token",
+        "forja tunnel --print --gcloud",
+    ),
+    see_also=("forja configure", "forja top", "forja up"),
+)
+
+
+@verb(TUNNEL, register=commands.command)
 def tunnel(
     ctx: typer.Context,
     host: Annotated[str | None, typer.Option("--host", help="Inventory host (default: the first).")] = None,
@@ -114,7 +143,22 @@ def tunnel(
 
 
 # -- the web dashboard --------------------------------------------------------------------------
-@verb(Forja.ui, register=commands.command, epilog="Ctrl-C stops the dashboard (never a run).")
+UI = Help(
+    "Serve a web dashboard of your runs on this machine, until Ctrl-C.",
+    """It shows the runs of the history with their status, cost, preemptions and zone moves; each
+    running run's live metrics as charts (through forja tunnel, as forja top reads them); each run's
+    cost part by part and its final plots; the VMs' state and spend. It listens on 127.0.0.1 only and
+    asks for a token, as Jupyter does: a new random one each start, in the URL it prints once (or
+    yours, from --token-file or FORJA_UI_TOKEN). Ctrl-C stops the dashboard, never a run.""",
+    examples=(
+        "forja ui",
+        "forja ui --port 0 --token-file ~/.config/forja/ui-token",
+    ),
+    see_also=("forja runs", "forja top", "forja cost"),
+)
+
+
+@verb(UI, register=commands.command)
 def ui(
     ctx: typer.Context,
     port: Annotated[int, typer.Option("--port", min=0, max=65535,

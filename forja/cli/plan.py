@@ -8,16 +8,18 @@ full precision, the trainer's plan whole under `trainer`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from forja import format as fmt
-from forja.api import Forja
-from forja.cli.common import emit_json, forja_for, global_options, out, verb
+from forja.cli.common import Help, emit_json, forja_for, global_options, out, verb
+from forja.defaults import DEFAULT_MACHINE
 from forja.init import DEFAULT_ZONE
-from forja.plan import DEFAULT_MACHINE, PlanReport
 from trainer.plan_format import format_plan
+
+if TYPE_CHECKING:
+    from forja.plan import PlanReport
 
 #: No name: `forja plan` is a root verb, registered in forja/cli/__init__.py.
 commands = typer.Typer()
@@ -37,7 +39,26 @@ def describe(found: PlanReport) -> str:
     )
 
 
-@verb(Forja.plan, "plan", register=commands.command)
+PLAN = Help(
+    "Predict a run's GPU memory, batch size, step time and cost on a machine, before renting it.",
+    """Runs on this machine's CPU, in seconds: one training step of CONFIG is traced with fake tensors
+    (no memory is used) at the run's precision and optimizer, then the GPU's own figures (usable
+    memory, CUDA overhead, measured matmul speed) are added. It prints the peak GPU memory per
+    micro-batch, the largest micro-batch that fits and the gradient accumulation that keeps the
+    global batch, the step time and throughput, and the run's time and cost on --machine (default one
+    L4), on demand and on Spot. Every figure says whether it was traced, measured or modelled, and how
+    sure it is. --calibrate scales it by what the newest fetched run of the same model on the same GPU
+    measured. Needs PyTorch on this machine (forja's trainer extra).""",
+    examples=(
+        "forja plan trainer/configs/gpt.yaml",
+        "forja plan trainer/configs/gpt.yaml --machine g2-standard-24 --gpus 2",
+        "forja plan trainer/configs/digits.yaml --calibrate --json",
+    ),
+    see_also=("forja train", "forja cost rate", "forja zones"),
+)
+
+
+@verb(PLAN, "plan", register=commands.command)
 def plan(
     ctx: typer.Context,
     config: Annotated[Path, typer.Argument(help="The trainer config YAML, e.g. trainer/configs/gpt.yaml.")],

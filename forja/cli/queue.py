@@ -1,6 +1,6 @@
 """`forja queue`, `forja queue cancel RUN`, `forja queue move RUN`: the run queues of the VMs.
 
-`forja queue` is a group that is itself a verb (`Forja.queue`, its callback: the table); its two
+`forja queue` is a group that is itself a verb (its callback calls `Forja.queue`: the table); its two
 sub-commands are `Forja.queue_cancel` and `Forja.queue_move`. Runs get into a queue with
 `forja train --queue` (forja/cli/train.py).
 """
@@ -13,17 +13,29 @@ import typer
 from rich.table import Table
 
 from forja import format as fmt
-from forja.api import Forja
-from forja.cli.common import ClusterOption, doc, emit_json, forja_for, global_options, out, verb
+from forja.cli.common import ClusterOption, Help, emit_json, forja_for, global_options, out, verb
 
-#: `forja queue`: without a sub-command its callback is the verb (`Forja.queue`).
-commands = typer.Typer(name="queue", help=doc(Forja.queue), invoke_without_command=True,
-                       no_args_is_help=False,
-                       epilog="E.g. forja train digits.yaml --queue --gpu-memory 6GiB --detach; forja queue; "
-                       "forja queue move digits-2 --first; forja queue cancel digits-3.")
+#: `forja queue`: without a sub-command its callback is the verb (`Forja.queue`); its help is QUEUE's.
+commands = typer.Typer(name="queue", invoke_without_command=True, no_args_is_help=False)
+
+QUEUE = Help(
+    "Show the VMs' run queues: the runs waiting, in the order they will start, and why each waits.",
+    """forja train --queue puts a run in its VM's queue instead of starting it at once: the VM starts
+    it when it fits on the GPU beside what already runs, higher --priority first, then first come
+    first served, and it keeps its place across a reboot. Each row shows a run's position, priority,
+    how long it has waited, its GPU memory (given, measured or planned) and why it waits; the runs
+    the queue started that still run follow.""",
+    examples=(
+        "forja train trainer/configs/digits.yaml --queue --gpu-memory 6GiB --detach",
+        "forja queue",
+        "forja queue move digits-2 --first",
+        "forja queue cancel digits-3",
+    ),
+    see_also=("forja queue move", "forja queue cancel", "forja train --queue", "forja status"),
+)
 
 
-@verb(Forja.queue, register=commands.callback)
+@verb(QUEUE, register=commands.callback)
 def queue(ctx: typer.Context, cluster: ClusterOption = None) -> None:
     if ctx.invoked_subcommand:
         return
@@ -45,7 +57,16 @@ def queue(ctx: typer.Context, cluster: ClusterOption = None) -> None:
         out.print("no run is queued; forja train CONFIG --queue puts one in")
 
 
-@verb(Forja.queue_cancel, "cancel", register=commands.command)
+CANCEL = Help(
+    "Take a queued run out of its VM's queue, or kill one the queue started and free its slot.",
+    """A running one is killed with all its processes and kept from starting again at boot. The
+    history marks it stopped, with the message that it was cancelled.""",
+    examples=("forja queue cancel digits-3", "forja queue cancel digits-3 --cluster forja-l4 --json"),
+    see_also=("forja queue", "forja stop"),
+)
+
+
+@verb(CANCEL, "cancel", register=commands.command)
 def cancel(ctx: typer.Context, name: Annotated[str, typer.Argument(help="The run to cancel.")],
            cluster: ClusterOption = None) -> None:
     said = forja_for(ctx, cluster=cluster).queue_cancel(name)
@@ -58,7 +79,14 @@ def cancel(ctx: typer.Context, name: Annotated[str, typer.Argument(help="The run
         out.print(f"{host}: run {name} {what}")
 
 
-@verb(Forja.queue_move, "move", register=commands.command)
+MOVE = Help(
+    "Give a queued run a new priority, or put it first among the runs of its priority.",
+    examples=("forja queue move digits-2 --first", "forja queue move digits-2 --priority 5"),
+    see_also=("forja queue", "forja queue cancel"),
+)
+
+
+@verb(MOVE, "move", register=commands.command)
 def move(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="The queued run to move.")],

@@ -15,9 +15,9 @@ import typer
 from rich.table import Table
 
 from forja import format as fmt
-from forja.api import Forja
 from forja.cli.common import (
     ClusterOption,
+    Help,
     NotifyOption,
     console,
     ctrl_c_sets,
@@ -30,13 +30,28 @@ from forja.cli.common import (
     steps,
     verb,
 )
-from forja.following import LOG_LINES
+from forja.defaults import LOG_LINES
 
 #: No name: its verbs are the root's own (`forja status`), registered in forja/cli/__init__.py.
 commands = typer.Typer()
 
 
-@verb(Forja.status, register=commands.command)
+STATUS = Help(
+    "Show the state of one run, or of every run, as its VM reports it now.",
+    """For each host: the run's unit and status, its step and loss, and for a run on a cluster its
+    rank and elastic restarts; a queued run shows how long it has waited. It also brings the history
+    (forja runs) up to date: runs that ended take their final status, and runs started elsewhere
+    (another machine, site.yml) are added.""",
+    examples=(
+        "forja status",
+        "forja status lr3 --json",
+        "forja status --cluster forja-l4",
+    ),
+    see_also=("forja runs", "forja logs", "forja follow", "forja top"),
+)
+
+
+@verb(STATUS, register=commands.command)
 def status(
     ctx: typer.Context,
     name: Annotated[str | None, typer.Argument(help="Run name (default: every run on the hosts).")] = None,
@@ -58,8 +73,22 @@ def status(
     out.print(table)
 
 
-@verb(Forja.logs, register=commands.command,
-      epilog="With -f, new lines as the run writes them, until it ends (Forja.follow_logs).")
+LOGS = Help(
+    "Print a run's log from each of its hosts, or follow it as it is written with -f.",
+    """The training unit's journal on each host (the last --lines lines), then the last lines of the
+    run's hook log (the output of its --hook scripts and how each ended), each prefixed "hook| ".
+    With -f new lines follow as the run writes them, until it ends; Ctrl-C stops following, never
+    the run. Under --json: one document per host, or with -f one JSON line per log line.""",
+    examples=(
+        "forja logs lr3",
+        "forja logs lr3 -f",
+        "forja logs lr3 -n 200 --json",
+    ),
+    see_also=("forja status", "forja follow", "forja top"),
+)
+
+
+@verb(LOGS, register=commands.command)
 def logs(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Run name.")],
@@ -99,7 +128,20 @@ def _follow_logs(ctx: typer.Context, name: str, lines: int) -> None:
         console.print(f"[yellow]stopped following the journal; run {name} goes on[/]")
 
 
-@verb(Forja.fetch, register=commands.command)
+FETCH = Help(
+    "Copy a run's results (metrics, plots, summary, model) from its VM to this machine.",
+    """They go to --dest, else the project's forja-runs/NAME folder; --checkpoints brings the
+    checkpoints too. forja train and forja follow fetch by themselves when a run completes: this is
+    for a run followed elsewhere, or to fetch again.""",
+    examples=(
+        "forja fetch lr3",
+        "forja fetch lr3 --dest ~/results/lr3 --checkpoints",
+    ),
+    see_also=("forja follow", "forja runs", "forja model push"),
+)
+
+
+@verb(FETCH, register=commands.command)
 def fetch(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Run name.")],
@@ -114,7 +156,20 @@ def fetch(
         out.print(f"results in {result.artifact_dir}")
 
 
-@verb(Forja.stop, register=commands.command)
+STOP = Help(
+    "Stop a run: it saves a checkpoint and ends, and does not start again when the VM boots.",
+    """The run's stop hook (forja train --hook stop=SCRIPT) runs after the checkpoint. --notify posts
+    a "run stopped" event to your webhook, as forja train --notify does. The VM keeps running: forja
+    down stops it.""",
+    examples=(
+        "forja stop lr3",
+        "forja stop lr3 --notify",
+    ),
+    see_also=("forja status", "forja down", "forja queue cancel"),
+)
+
+
+@verb(STOP, register=commands.command)
 def stop(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Run name.")],
@@ -123,7 +178,23 @@ def stop(
     run_playbooks(ctx, lambda f: f.stop(name, notify=notify))
 
 
-@verb(Forja.runs, register=commands.command)
+RUNS = Help(
+    "List the runs of the history, newest first: status, hosts, steps, loss, cost.",
+    """The history is this machine's record of every run sent from it (in forja's home folder), kept
+    whether the run completed, failed, was stopped or preempted. --sync first asks the VMs (as forja
+    status does), so runs started elsewhere are added and ended ones take their final status. --show
+    NAME prints one run's snapshot instead: its code's git commit and uncommitted changes, its config
+    and options, the VM's Python packages.""",
+    examples=(
+        "forja runs",
+        "forja runs --status completed -n 5 --json",
+        "forja runs --show lr3",
+    ),
+    see_also=("forja status", "forja cost --run", "forja train --again", "forja ui"),
+)
+
+
+@verb(RUNS, register=commands.command)
 def runs(
     ctx: typer.Context,
     limit: Annotated[int, typer.Option("--limit", "-n", help="Newest N runs.")] = 20,
@@ -145,7 +216,8 @@ def runs(
     if global_options(ctx).json:
         emit_json(records)
         return
-    table = Table(title="runs")
+    table = Table(title="runs", caption="cost: the run's VMs while up for it and their disks (so far, while "
+                  "it runs); forja cost --run RUN shows its parts")
     for col in ("run", "status", "hosts", "started", "steps", "loss", "cost", "preempt", "artifacts"):
         justify = "right" if col in ("steps", "loss", "cost", "preempt") else "left"
         table.add_column(col, no_wrap=col in ("run", "status", "started"), justify=justify)

@@ -8,35 +8,40 @@ as one verb. Each command is one `Forja` method (forja/sweep.py).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import click
 import typer
 from rich.table import Table
 from typer.core import TyperGroup
 
 from forja import format as fmt
-from forja.api import Forja
-from forja.cli.common import console, emit_json, forja_for, global_options, out, verb
+from forja.cli.common import Help, console, emit_json, forja_for, global_options, group, out, verb
 from forja.cli.train import FallbackZones, MaxDown, MaxDownUsd, MaxRecoveries
-from forja.managed import MAX_DOWN, MAX_RECOVERIES, RecoveryBudget, seconds
-from forja.sweep import POLL_S, SweepReport
+from forja.defaults import MAX_DOWN, MAX_RECOVERIES, SWEEP_POLL_S
+
+if TYPE_CHECKING:
+    from forja.sweep import SweepReport
 
 
 class _ConfigFirst(TyperGroup):
     """`forja sweep CONFIG ...` is `forja sweep start CONFIG ...`; `status` and `resume` are themselves."""
 
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
             args = ["start", *args]
         return super().parse_args(ctx, args)
 
 
-commands = typer.Typer(
-    name="sweep", cls=_ConfigFirst, no_args_is_help=True,
-    help="Hyperparameter sweeps with Optuna, each trial a forja run: `forja sweep CONFIG --space SPACE "
-    "--trials N`, then `forja sweep status` and `forja sweep resume NAME`.",
-)
+commands = group("sweep", Help(
+    "Hyperparameter sweeps with Optuna, each trial a forja run: start one, see them, resume one.",
+    "forja sweep CONFIG --space SPACE --trials N starts a sweep (the same as forja sweep start ...).",
+    examples=(
+        "forja sweep trainer/configs/digits.yaml --space examples/sweep/space.yaml --trials 8",
+        "forja sweep status",
+        "forja sweep resume digits-sweep-1130-1244",
+    ),
+    see_also=("forja train", "forja runs"),
+), cls=_ConfigFirst, no_args_is_help=True)
 
 
 def _say(line: str) -> None:
@@ -66,9 +71,9 @@ def _table(report: SweepReport) -> Table:
     return table
 
 
-def _show(ctx: typer.Context, reports: list[SweepReport], as_json: bool = False, *, one: bool = True) -> None:
+def _show(ctx: typer.Context, reports: list[SweepReport], *, one: bool = True) -> None:
     """The sweeps as tables, or under --json one document: the sweep (`one`), else the list of them."""
-    if as_json or global_options(ctx).json:
+    if global_options(ctx).json:
         emit_json(reports[0] if one else reports)
         return
     if not reports:
@@ -81,11 +86,35 @@ PollOption = Annotated[float, typer.Option("--poll", min=1.0,
                                            help="Seconds between two looks at the trials.")]
 
 
-@verb(Forja.sweep, "start", register=commands.command,
-      on_interrupt="interrupted; the trials already sent go on; `forja sweep resume NAME` picks the sweep up",
-      epilog="Example: forja sweep trainer/configs/digits.yaml --space examples/sweep/space.yaml --trials 8 "
-             "--max-usd 2 --fallback-zone us-east1-b (a preempted trial resumes from its checkpoint; a VM "
-             "that is gone is made again in us-east1-b, as for forja train --managed)")
+START = Help(
+    "Search hyperparameters with Optuna: --trials runs of CONFIG, each with values from --space.",
+    """--space is a YAML file of the config's keys (dotted for nested ones) and their ranges, e.g.
+    lr: {type: float, low: 1.0e-4, high: 1.0e-2, log: true}, or type: int (with step), or type:
+    categorical with choices; its objectives (or --metric and --direction) say what a trial is judged
+    by: fields of the run's summary (default eval_loss, minimized). Each trial is an ordinary run named
+    NAME-tNNN, with its own checkpoints, live metrics and cost.
+
+    --parallel trials run at once: one per GPU, through the VM's run queue, else one per VM. A trial
+    falling behind the others at the same step is pruned (stopped early), unless --no-prune. A
+    preempted one resumes from its checkpoint as a forja train --managed run does (a VM that is gone
+    is made again in a --fallback-zone). --max-usd and --max-hours stop new trials when reached;
+    --local runs the trials on this machine's CPU instead.
+
+    The study is kept in forja's home (sweeps/NAME/) and copied to the bucket after each trial, so
+    forja sweep resume picks it up after a laptop slept or died. At the end: plots in
+    sweeps/NAME/plots/ and the best trial marked. Ctrl-C leaves the trials already sent going.""",
+    examples=(
+        "forja sweep trainer/configs/digits.yaml --space examples/sweep/space.yaml --trials 8",
+        "forja sweep trainer/configs/digits.yaml --space examples/sweep/space.yaml --trials 16 --parallel 2 "
+        "--max-usd 2 --fallback-zone us-east1-b",
+        "forja sweep start trainer/configs/digits.yaml --space examples/sweep/space.yaml --trials 4 --local",
+    ),
+    see_also=("forja sweep status", "forja sweep resume", "forja queue"),
+)
+
+
+@verb(START, "start", register=commands.command,
+      on_interrupt="interrupted; the trials already sent go on; `forja sweep resume NAME` picks the sweep up")
 def start(
     ctx: typer.Context,
     config: Annotated[Path, typer.Argument(help="The trainer config YAML every trial starts from.")],
@@ -116,8 +145,10 @@ def start(
     max_recoveries: MaxRecoveries = MAX_RECOVERIES,
     max_down: MaxDown = MAX_DOWN,
     max_down_usd: MaxDownUsd = None,
-    poll: PollOption = POLL_S,
+    poll: PollOption = SWEEP_POLL_S,
 ) -> None:
+    from forja.managed import RecoveryBudget, seconds
+
     api = forja_for(ctx, cluster=cluster)
     budget = RecoveryBudget(max_recoveries, seconds(max_down, "--max-down"), max_down_usd)
     report = api.sweep(config, space=space, trials=trials, parallel=parallel, name=name,
@@ -127,24 +158,42 @@ def start(
     _show(ctx, [report])
 
 
-@verb(Forja.sweep_status, "status", register=commands.command)
+STATUS = Help(
+    "Show the sweeps kept here (newest first), or one: each trial's run, values, result, state, cost.",
+    """The best trial is marked. It reads the studies on this machine only: no VM is asked.""",
+    examples=("forja sweep status", "forja sweep status digits-sweep-1130-1244 --json"),
+    see_also=("forja sweep resume", "forja runs"),
+)
+
+
+@verb(STATUS, "status", register=commands.command)
 def status(
     ctx: typer.Context,
     name: Annotated[str | None, typer.Argument(help="One sweep (default: every sweep kept here).")] = None,
-    as_json: Annotated[bool, typer.Option("--json",
-                                          help="Print one JSON document (as forja --json).")] = False,
 ) -> None:
-    _show(ctx, forja_for(ctx).sweep_status(name), as_json, one=name is not None)
+    _show(ctx, forja_for(ctx).sweep_status(name), one=name is not None)
 
 
-@verb(Forja.sweep_resume, "resume", register=commands.command,
+RESUME = Help(
+    "Go on with a sweep after this machine stopped driving it (a laptop that slept, died or was closed).",
+    """Its trials still running are watched again, those that ended meanwhile are recorded, and new
+    ones are sent until its trials or budget are used up. The study is read here, else from the bucket
+    (gs://BUCKET/sweeps/NAME/), so another machine can take it over; --project says where the project
+    is on this machine when it is not where the sweep started.""",
+    examples=("forja sweep resume digits-sweep-1130-1244",
+              "forja sweep resume digits-sweep-1130-1244 --project ~/my-project"),
+    see_also=("forja sweep status", "forja sweep start"),
+)
+
+
+@verb(RESUME, "resume", register=commands.command,
       on_interrupt="interrupted; the trials already sent go on; `forja sweep resume NAME` picks the sweep up")
 def resume(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="The sweep to go on with (forja sweep status lists them).")],
     project: Annotated[Path | None, typer.Option("--project", help="Your project folder on this machine, "
                                                  "when not where the sweep started.")] = None,
-    poll: PollOption = POLL_S,
+    poll: PollOption = SWEEP_POLL_S,
 ) -> None:
     report: Any = forja_for(ctx).sweep_resume(name, project=project, poll_s=poll, say=_say)
     _show(ctx, [report])

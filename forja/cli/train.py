@@ -3,22 +3,22 @@
 `train` and `follow` share the follow-and-print path of forja/cli/common.py (`follow_command`) with
 `forja vertex follow`; a Vertex job (`--backend vertex`) takes the same path with the job's own
 options, which this module turns into the API's `VertexOptions`. The managed options' defaults
-(`--max-recoveries`, `--max-down`, `--poll`) are forja.managed's, the watcher's own.
+(`--max-recoveries`, `--max-down`, `--poll`) are the watcher's own (forja/defaults.py, which
+forja.managed reads too); the modules that send and watch load when a command runs, not for help.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from typer.core import TyperCommand
 
-from forja import consent, snapshot, trainer_config
-from forja.api import Forja
 from forja.cli.common import (
     RUN_GOES_ON,
     ClusterOption,
+    Help,
     NotifyOption,
     YesOption,
     asker,
@@ -30,18 +30,19 @@ from forja.cli.common import (
     out,
     verb,
 )
+from forja.defaults import BACKENDS, MANAGED_POLL_S, MAX_DOWN, MAX_RECOVERIES
 from forja.errors import ConfigError, ForjaError
-from forja.managed import MAX_DOWN, MAX_RECOVERIES, POLL_S, RecoveryBudget, seconds
-from forja.runs import new_run_id
-from forja.training import BACKENDS
 from forja.vertex_job import DEFAULT_REGION, VertexOptions
+
+if TYPE_CHECKING:
+    from forja.managed import RecoveryBudget
 
 #: No name: its verbs are the root's own (`forja train`), registered in forja/cli/__init__.py.
 commands = typer.Typer()
 
-FOLLOWING = ("Following has no time limit. Ctrl-C stops following and leaves the run going (exit 7); "
-             "so does an expired --timeout. `forja follow NAME` picks it up again, "
-             "`forja stop NAME` ends it.")
+FOLLOWING = ("Following has no time limit: it lasts as long as the run, hours or days. Ctrl-C stops "
+             "following and leaves the run going (exit 7); so does an expired --timeout. forja follow NAME "
+             "picks it up again, forja stop NAME ends it.")
 
 
 class _ScriptArgsCommand(TyperCommand):
@@ -69,7 +70,7 @@ MaxDown = Annotated[str, typer.Option("--max-down", help="Most time down, all ou
 MaxDownUsd = Annotated[
     float | None, typer.Option("--max-down-usd", help="Most dollars spent while down (the disk bills).")
 ]
-Poll = Annotated[float, typer.Option("--poll", help="Seconds between looks at the VM.")]
+Poll = Annotated[float, typer.Option("--poll", help="Seconds between looks at the VM (the watcher).")]
 Backend = Annotated[str, typer.Option("--backend", help=(
     "vm: the inventory's VM; vertex: a Vertex AI custom job: the built-in trainer on CONFIG, or your "
     "--script with --project (torchrun, --procs per replica: one per GPU), or your --image; e.g. "
@@ -88,12 +89,40 @@ VertexAcceleratorCount = Annotated[int | None, typer.Option("--accelerator-count
 VertexReplicas = Annotated[int, typer.Option("--replicas", help="vertex: machines in all (DDP across them).")]
 VertexImage = Annotated[str | None, typer.Option(
     "--image", help="vertex: run your own container image (Artifact Registry or Container Registry, e.g. "
-    "us-central1-docker.pkg.dev/PROJECT/REPO/IMAGE:TAG) with the run contract in its environment; the "
-    "arguments after -- go to its entrypoint. forja builds no images.")]
+    "us-central1-docker.pkg.dev/PROJECT/REPO/IMAGE:TAG) with forja's run variables (FORJA_RUN, "
+    "FORJA_CHECKPOINT_DIR, ...) in its environment; the arguments after -- go to its entrypoint. forja "
+    "builds no images.")]
 
 
-@verb(Forja.train, register=commands.command, cls=_ScriptArgsCommand, on_interrupt=RUN_GOES_ON,
-      epilog=FOLLOWING)
+TRAIN = Help(
+    "Send the trainer (or your own script) and your project to the VM, start the run, follow it "
+    "to its end and fetch its results.",
+    f"""What runs: the built-in trainer on CONFIG (a trainer YAML), or your own --script from your
+    --project with its arguments after --. Both are checked before anything is sent. The project sent
+    is --project, else the config's or script's own folder (its git root); what goes, its size and
+    what is left out (and why) is shown first, and you are asked at a terminal unless --yes.
+
+    The run is a systemd unit on the VM: it goes on when this command stops following. It is
+    recorded in the history (forja runs) before it starts, with a snapshot of its code (forja runs
+    --show NAME; forja train --again NAME sends it again). A completed run's --name is refused;
+    --replace reuses the name of one that ended.
+
+    {FOLLOWING}
+
+    Elsewhere: --backend vertex sends it as a Vertex AI custom job (its own --bucket, --region,
+    --machine-type, ...); --managed watches a Spot VM's run and recovers it (as forja watch); --queue
+    puts it in the VM's run queue; --cluster runs it on every member of a cluster.""",
+    examples=(
+        "forja train trainer/configs/digits.yaml --name lr3",
+        "forja train --script train.py --project ~/my-project -- --lr 3e-4",
+        "forja train trainer/configs/gpt.yaml --managed --fallback-zone us-east1-b --detach",
+        "forja train --again lr3 --name lr3-again",
+    ),
+    see_also=("forja follow", "forja logs", "forja runs", "forja stop", "forja plan", "forja queue"),
+)
+
+
+@verb(TRAIN, register=commands.command, cls=_ScriptArgsCommand, on_interrupt=RUN_GOES_ON)
 def train(
     ctx: typer.Context,
     config: Annotated[
@@ -142,7 +171,7 @@ def train(
     max_recoveries: MaxRecoveries = MAX_RECOVERIES,
     max_down: MaxDown = MAX_DOWN,
     max_down_usd: MaxDownUsd = None,
-    poll: Poll = POLL_S,
+    poll: Poll = MANAGED_POLL_S,
     backend: Backend = BACKENDS[0],
     bucket: VertexBucket = None,
     region: VertexRegion = None,
@@ -201,6 +230,8 @@ def train(
                            "too (gs://BUCKET/datasets/NAME; files another dataset shares are kept).")
     ] = False,
 ) -> None:
+    from forja import consent  # what sends and asks loads when a run is sent, never for --help
+
     args = list(ctx.meta.get("forja_script_args", []))
     hooks = _hooks(hook or [])
     # Asked here, before the progress display starts (and once: a managed run is sent again unattended).
@@ -210,8 +241,12 @@ def train(
         if config is not None or script is not None:
             raise ConfigError("--again", "takes the run's own config and script: leave CONFIG and --script "
                               "out")
+        vertex = None if backend == BACKENDS[0] else _vertex_options(
+            bucket, region, machine_type, accelerator, accelerator_count, replicas, image)
+        watched = {"fallback_zones": fallback_zone or [], "poll_s": poll,
+                   "budget": _budget(max_recoveries, max_down, max_down_usd)} if managed else None
         _train_again(ctx, again, name, sending, consenting, detach=detach, timeout=timeout, cluster=cluster,
-                     checkpoints=checkpoints, notify=notify)
+                     checkpoints=checkpoints, notify=notify, backend=backend, vertex=vertex, managed=watched)
         return
     judged = _judge(ctx, config, script)
     if image and backend == BACKENDS[0]:
@@ -260,23 +295,31 @@ def train(
 
 def _train_again(ctx: typer.Context, run: str, name: str | None, sending: dict[str, Any],
                  consenting: dict[str, Any], *, detach: bool, timeout: float | None, cluster: str | None,
-                 checkpoints: bool, notify: bool) -> None:
+                 checkpoints: bool, notify: bool, backend: str = BACKENDS[0],
+                 vertex: VertexOptions | None = None, managed: dict[str, Any] | None = None) -> None:
     """`forja train --again RUN`: the run's snapshot sent as a new run (forja/snapshot.py says how the
-    code is put back); the temporary worktree, if one was needed, is removed when this returns."""
+    code is put back), on the VM, as a Vertex AI job, or managed (`managed`: the watcher's zones, budget
+    and poll; forja/again.py says how a zone move puts the code back); the temporary worktree, if one
+    was needed, is removed when this returns."""
+    from forja import consent, snapshot
+    from forja.runs import new_run_id
+
     with snapshot.again(forja_for(ctx), run) as plan:
         _say(plan.said)
-        opts = plan.options
-        given = Path(opts.get("script") or plan.config or run)
-        script = (plan.project / opts["script"]) if plan.project and opts.get("script") else None
-        consent.ask_once(forja_for(ctx, cluster=cluster), plan.project, plan.config, script,
-                         opts.get("excludes") or [], **consenting)
+        how = {**plan.keywords(backend), "name": name or new_run_id(plan.name_source)}
+        if "extravars" in how:
+            how["extravars"] = {**how["extravars"], **global_options(ctx).extravars}
+        script = (plan.project / how["script"]) if plan.project and how["script"] else None
+        consent.ask_once(forja_for(ctx, cluster=cluster), plan.project, plan.config, script, how["excludes"],
+                         **consenting)
+        if managed is not None:
+            with exit_on_error(ctx, RUN_GOES_ON):
+                out.print(forja_for(ctx, cluster=cluster).train_managed(
+                    how.pop("config"), say=_say, notify=notify, again=run, **managed, **how, **sending))
+            return
         follow_command(ctx, lambda f, interrupted: f.train(
-            plan.config, script=opts.get("script"), args=opts.get("args") or [], project=plan.project,
-            name=name or new_run_id(given), excludes=opts.get("excludes") or [], wait=not detach,
-            checkpoints=checkpoints, timeout_s=timeout, procs=opts.get("procs"), cancel=interrupted,
-            notify=notify, hooks=opts.get("hooks") or None,
-            extravars={**(opts.get("extravars") or {}), **global_options(ctx).extravars},
-            **sending), timeout, cluster)  # fmt: skip
+            wait=not detach, checkpoints=checkpoints, timeout_s=timeout, cancel=interrupted, notify=notify,
+            backend=backend, vertex=vertex, **how, **sending), timeout, cluster)  # fmt: skip
 
 
 def _hooks(given: list[str]) -> dict[str, str]:
@@ -299,6 +342,7 @@ def _judge(ctx: typer.Context, config: Path | None, script: Path | None) -> Path
     the result's `unchecked`). None when there is no config to judge: train's own error says why."""
     if config is None or script is not None or not config.is_file():
         return None
+    from forja import trainer_config
     with exit_on_error(ctx, "cancelled"):
         judged = trainer_config.judge(config.resolve())
     if not global_options(ctx).json:
@@ -338,6 +382,8 @@ def _show_estimate(ctx: typer.Context, config: Path, cluster: str | None = None)
 
 def _budget(recoveries: int, down: str, down_usd: float | None) -> RecoveryBudget:
     """The watcher's budget from the options (the API checks it, with the zones, before anything runs)."""
+    from forja.managed import RecoveryBudget, seconds
+
     return RecoveryBudget(recoveries, seconds(down, "--max-down"), down_usd)
 
 
@@ -351,7 +397,23 @@ def _say(line: str) -> None:
     console.print(line, soft_wrap=True, highlight=False)
 
 
-@verb(Forja.watch, register=commands.command, on_interrupt=RUN_GOES_ON)
+WATCH = Help(
+    "Keep a run going on a Spot VM with nobody at the keyboard, until it ends or the budget is spent.",
+    """A preempted VM is started again in its zone; one whose zone has no capacity left (or that is
+    gone) is made again in the next --fallback-zone, set up with the same playbooks, and the run is
+    sent again, resuming from its newest checkpoint in the bucket. --max-recoveries, --max-down and
+    --max-down-usd say when to stop trying. One watcher per run: a second one is refused, naming the
+    first. Every step goes into the run's history; it prints why watching ended. forja train
+    --managed sends a run and watches it in one command.""",
+    examples=(
+        "forja watch lr3 --fallback-zone us-east1-b --fallback-zone us-central1-a",
+        "forja watch lr3 --max-down 2h --max-down-usd 1.50 --notify",
+    ),
+    see_also=("forja train --managed", "forja zones", "forja runs"),
+)
+
+
+@verb(WATCH, register=commands.command, on_interrupt=RUN_GOES_ON)
 def watch(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Run name.")],
@@ -359,7 +421,7 @@ def watch(
     max_recoveries: MaxRecoveries = MAX_RECOVERIES,
     max_down: MaxDown = MAX_DOWN,
     max_down_usd: MaxDownUsd = None,
-    poll: Poll = POLL_S,
+    poll: Poll = MANAGED_POLL_S,
     notify: NotifyOption = False,
 ) -> None:
     budget = _budget(max_recoveries, max_down, max_down_usd)
@@ -368,7 +430,23 @@ def watch(
     out.print(f"run {name}: {why}")
 
 
-@verb(Forja.follow, register=commands.command, on_interrupt=RUN_GOES_ON, epilog=FOLLOWING)
+FOLLOW = Help(
+    "Follow a run that was started until it ends, however long, then fetch its results.",
+    f"""Shows its progress (step, loss) as it goes and writes it into the history. A run that ends
+    other than completed (failed, preempted, stopped) exits 1 with what its host reported; a run
+    that diverged (NaN or Inf loss) exits 8.
+
+    {FOLLOWING}""",
+    examples=(
+        "forja follow lr3",
+        "forja follow lr3 --timeout 600 --no-fetch",
+        "forja follow lr3 --checkpoints --json",
+    ),
+    see_also=("forja train", "forja logs", "forja status", "forja fetch"),
+)
+
+
+@verb(FOLLOW, register=commands.command, on_interrupt=RUN_GOES_ON)
 def follow(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Run name.")],

@@ -6,15 +6,16 @@ uptime, the 30-day Spot preemption rate and the price an hour, best zone first.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
 from forja import format as fmt
-from forja.api import Forja
-from forja.cli.common import emit_json, forja_for, global_options, out, show_progress, verb
-from forja.contract import ZoneReport
+from forja.cli.common import Help, emit_json, forja_for, global_options, out, show_progress, verb
+
+if TYPE_CHECKING:
+    from forja.contract import ZoneReport
 
 #: No name: `forja zones` is the root's own verb, registered in forja/cli/__init__.py.
 commands = typer.Typer()
@@ -50,13 +51,25 @@ def zones_table(report: ZoneReport) -> Table:
     return table
 
 
-@verb(
-    Forja.zones,
-    register=commands.command,
-    epilog="Examples:\n\n  forja zones\n\n  forja zones --region us-central1 --region europe-west4\n\n"
-           "  forja -e gcp_instance_spot=true zones --json | jq -r '.zones[0].zone'\n\n"
-           "The VM is the inventory's (machine type, GPU, Spot, zone and fallback zones); -e changes it.",
+ZONES = Help(
+    "Rank the zones the VM could be made in by Google's capacity advice, creating nothing.",
+    """The VM is the inventory's (machine type, GPU, Spot or not, zone and fallback zones); -e
+    changes it. Each candidate zone (the VM's, its fallback zones, the other zones of their regions
+    and of each --region) gets: how likely Google can give you the VM now (obtainable, 0 to 1), how
+    long a Spot VM is expected to run, the 30-day Spot preemption rate, the price an hour, and whether
+    the machine type is offered there; the best zone comes first. When Google has no advice for the
+    project, the zones keep your order and the report says why; that is never a failure. forja up
+    tries its fallback zones in this order, and so does a managed run's watcher when it moves.""",
+    examples=(
+        "forja zones",
+        "forja zones --region us-central1 --region europe-west4",
+        "forja -e gcp_instance_spot=true zones --json | jq -r '.zones[0].zone'",
+    ),
+    see_also=("forja check", "forja up", "forja watch", "forja cost rate"),
 )
+
+
+@verb(ZONES, register=commands.command)
 def zones(
     ctx: typer.Context,
     region: Annotated[list[str] | None, typer.Option(

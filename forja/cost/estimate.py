@@ -23,6 +23,7 @@ from forja import format as fmt
 from forja.cost.run import RunFiles, split, windows
 from forja.history import History, RunRecord
 from forja.runs import config_hash
+from trainer.gpus import ran_on
 
 #: Config keys that, equal, make another run's seconds per step a fair measure for this one.
 SAME_SHAPE = ("model", "model_args", "data", "data_args", "batch_size", "effective_batch_size", "precision",
@@ -39,6 +40,8 @@ class Measured:
     setup_s: float
     evaluation_s: float
     steps: int
+    #: What the run trained on: its GPU's name (summary.json's gpu_name, "NVIDIA L4"), or "cpu".
+    device: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,13 +56,15 @@ class Predicted:
     micro_batch: int
     accum_steps: int
     peak_mib: float
+    #: The device the plan was for: the catalog's GPU name (nvidia-l4), or "cpu".
+    gpu: str | None = None
 
     @classmethod
     def from_plan(cls, plan: Mapping[str, Any]) -> Predicted:
         step = plan["step_s"]
         return cls(float(step["value"]), float(step["sure"]), str(step["how"]), int(plan["steps"]),
                    int(plan["plan"]["micro_batch"]), int(plan["plan"]["accum_steps"]),
-                   float(plan["peak_mib"]["value"]))
+                   float(plan["peak_mib"]["value"]), (plan.get("gpu") or {}).get("name"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,9 +84,31 @@ class RunEstimate:
     predicted: Predicted | None = None
 
     @property
+    def not_comparable(self) -> str | None:
+        """Why the plan's step time cannot be checked against the measured one, or None when it can.
+
+        A plan is for one device; a run measured on another (the sandbox's "L4" VM trains on its CPU)
+        would report the devices' difference as the plan's error, so only like is compared with like.
+        """
+        p, m = self.predicted, self.measured
+        if p is None or m is None:
+            return None
+        if not p.gpu:
+            return "the kept plan does not say which device it was for"
+        if not m.device:
+            return f"{m.run_id} did not record which device it trained on"
+        if not ran_on(p.gpu, m.device):
+            on = "the CPU" if m.device.lower() == "cpu" else m.device
+            return f"the plan was for {p.gpu} and {m.run_id} trained on {on}"
+        return None
+
+    @property
     def prediction_error(self) -> float | None:
-        """How far the plan's seconds per step were from the earlier run's measured ones (+: too slow)."""
+        """How far the plan's seconds per step were from the earlier run's measured ones (+: too slow);
+        None when there is nothing to compare or the two were for different devices (not_comparable)."""
         if self.predicted is None or self.measured is None or not self.measured.seconds_per_step:
+            return None
+        if self.not_comparable is not None:
             return None
         return self.predicted.seconds_per_step / self.measured.seconds_per_step - 1
 
@@ -109,10 +136,13 @@ class RunEstimate:
                     f"{month}. This run is the measurement for the next.")
         disk = "" if self.disk_usd is None else f" + disk {fmt.money(self.disk_usd)}"
         speed = fmt.per_second(1 / m.seconds_per_step, "steps")
-        error = self.prediction_error
-        checked = "" if error is None else (
-            f" (forja plan had predicted {fmt.per_second(1 / p.seconds_per_step, 'steps')}: {error:+.0%} "
-            "off the measured step time)" if p is not None else "")
+        error, unlike = self.prediction_error, self.not_comparable
+        checked = ""
+        if p is not None and error is not None:
+            checked = (f" (forja plan had predicted {fmt.per_second(1 / p.seconds_per_step, 'steps')}: "
+                       f"{error:+.0%} off the measured step time)")
+        elif p is not None and unlike is not None:
+            checked = f" (forja plan's prediction not compared: {unlike})"
         return (f"cost estimate: {fmt.count(self.steps)} steps at {speed} (measured by {m.run_id}, {m.how})"
                 f" + setup {fmt.duration(m.setup_s)} + evaluation {fmt.duration(m.evaluation_s)}"
                 f" = {fmt.duration(self.seconds)} at {fmt.hourly(self.usd_per_hour)} ({self.rate_what})"
@@ -132,8 +162,9 @@ def _measure(record: RunRecord, how: str) -> Measured | None:
     if steps <= 0 or not loop:
         return None
     parts = split(record, [], files, 0.0)
+    device = files.summary.get("gpu_name") or files.summary.get("device") or files.config.get("device")
     return Measured(record.run_id, how, loop / steps, parts["setup"] or 0.0, parts["evaluation"] or 0.0,
-                    steps)
+                    steps, str(device) if device else None)
 
 
 def measured_for(

@@ -1,11 +1,27 @@
-"""What one training run cost, from its first setup task to its end, split by what the time went to.
+"""A run's cost: the one figure every view shows as "cost", and the parts it splits into.
 
-Why not the trainer's own `cost_usd`: the trainer prices its processes' wall time, and a run costs
+The definition (docs/cost-definition.md says it for users): a run's **cost** is what its VMs bill for
+it, from the run's start (forja records it before the playbook, or the host set it up) to its end:
+- each VM of the run (one, or every member of its cluster: a run keeps them all up) at its hourly rate
+  from forja's price table (machine type with its GPUs, Spot or on-demand, Flex-start), over the time
+  it was up for the run: the span minus the outages the watcher counted after a preemption;
+- plus their persistent disks over the whole span (they bill even while a preempted VM is down);
+- a Vertex AI run: its machines' rate (vertex.note_rate: Compute Engine's on-demand price, a floor of
+  Vertex's own) over its span, no disk.
+
+Why not the trainer's own ``cost_usd``: the trainer prices its processes' wall time, and a run costs
 more than that. The VM is paid while forja sends the bundle and installs the environment (setup),
-while the loop waits for data, while it evaluates and checkpoints, while a preempted VM boots again,
-and until forja has fetched the results; the disk bills all along, even while a preempted VM is down.
-So a run's cost is the VM's rate over the time it ran for the run (the history's start to its end,
-minus the outages the watcher counted) plus its disks over the whole span.
+while a preempted VM boots again, and until forja has fetched the results; the disk bills all along.
+The trainer's figure is a *part* ("of which training"), never a competing cost.
+
+When each figure is final: while a run goes on, its cost is "cost so far", by this same formula as of
+now (`run_cost` with `now`); the trainer's live metric (trainer/live.py) is its own count of it, with
+what the VM knows (its wall time at the rate, no setup before it and no disk). Once the run has ended,
+`forja.cost_report.settle` computes this function once, at the run's end, and stores the total as the
+history's ``cost_usd`` with the rate it used (a ``priced`` history event, recorded as `forja train` sent
+the run when the train playbook published its VMs' records, else then): every view then shows that
+figure, and a later `forja cost --run` recomputes it from the same record, whatever the inventory
+says by then (a VM resized or deleted since does not reprice an old run).
 
 The split comes from what the run wrote (its fetched ``events.jsonl`` and ``metrics.jsonl``):
 - setup: forja recorded the run (before the playbook) until the trainer's first ``start`` event;
@@ -38,6 +54,10 @@ from trainer import run_folder
 
 #: History events after which the VM came back for the run (forja/managed.py records them).
 BACK_EVENTS = ("restarted", "zone_moved")
+#: How every view labels the trainer's own count: a part of the cost, never a cost of its own.
+TRAINING_LABEL = "of which training (the trainer's own count: its wall time at the rate)"
+#: The history event that records the rate a run was priced at (`forja.cost_report.price_run` writes it).
+PRICED_EVENT = "priced"
 #: The parts of a run's time, in the order people read them.
 PARTS = ("setup", "recovery", "compute", "data_wait", "evaluation", "checkpoints", "other")
 
@@ -49,6 +69,63 @@ class Part:
     name: str
     seconds: float | None
     usd: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Pricing:
+    """What a run is priced at: its VMs' hourly rate, their disks' hourly rate, and where both came from.
+
+    Kept with the run in its history (a ``priced`` event): when forja sends the run, from the VM
+    records the train playbook published, else once it has ended (forja.cost_report.price_run, the one
+    place it is decided), so the figure every view shows is recomputed from that record alone."""
+
+    usd_per_hour: float
+    source: str
+    #: USD an hour for the disks (None: no record of the run's VM, so the disk is not counted).
+    disk_usd_per_hour: float | None = None
+    #: How many VMs the rate counts (None: the rate the run itself used, no VM record).
+    vm_count: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def recorded(cls, history: Sequence[RunEvent], since: str | None = None) -> Pricing | None:
+        """The newest pricing recorded with the run, or None when it has none (or an unreadable one).
+
+        `since` (the run's start) leaves out what an earlier run under the same name recorded: the
+        history keeps its events when a new run takes the name (History.start)."""
+        after = _stamp(since)
+        for event in reversed(history):
+            if after is not None and (_stamp(event.time) or 0.0) < after:
+                continue
+            if event.kind == PRICED_EVENT:
+                rate, disk = event.data.get("usd_per_hour"), event.data.get("disk_usd_per_hour")
+                if not isinstance(rate, int | float) or not isinstance(disk, int | float | None):
+                    return None
+                count = event.data.get("vm_count")
+                return cls(float(rate), str(event.data.get("source") or "recorded with the run"),
+                           None if disk is None else float(disk), count if isinstance(count, int) else None)
+        return None
+
+    @classmethod
+    def of(cls, files: RunFiles, prices: PriceTable, instances: Sequence[Mapping[str, Any]] = ()) -> Pricing:
+        """The rate of `instances` (one VM, or every member of the run's cluster), else the rate the
+        run itself used (its config's price_per_hour, which trainer_run looked up in the same table,
+        times the cluster's node count; vertex.note_rate's for a Vertex job), with no disk. With
+        neither, ValueError says what to give."""
+        vms = [Instance.from_mapping(i) for i in instances]
+        if vms:
+            rate = fleet_rate(vms, prices)
+            disk = None
+            if any(vm.disks for vm in vms):
+                disk = disk_month_usd(vms, prices) / prices.hours_per_month
+            return cls(rate.usd_per_hour, f"{rate.what}, prices of {prices.date}", disk, len(vms))
+        used = files.config.get("price_per_hour")
+        if isinstance(used, int | float) and not isinstance(used, bool) and used > 0:
+            return cls(float(used), "the run's price_per_hour (config.yaml)")
+        raise ValueError("no hourly rate known (no record of the run's VM, no fetched config.yaml with "
+                         "price_per_hour); give the inventory (-i) or --instances with the run's VM")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,11 +144,13 @@ class RunCost:
     up_s: float
     vm_usd: float
     disk_usd: float | None
-    total_usd: float
+    #: The run's cost: the figure every view shows as "cost" (vm_usd + disk_usd).
+    cost_usd: float
     preemptions: int
     zone_moves: int
-    #: The trainer's own figure (its processes' wall time at the rate), for comparison.
-    trainer_usd: float | None
+    #: Of which training: the trainer's own count (its processes' wall time at the rate), a part of
+    #: cost_usd that leaves out the setup before it started, the fetch after it and the disk.
+    training_usd: float | None
     parts: tuple[Part, ...]
     #: How many VMs the rate and the disk count (a run on a cluster keeps every member up); None when
     #: the rate is the run's own price_per_hour.
@@ -213,54 +292,52 @@ def run_cost(
     now: datetime,
     instances: Sequence[Mapping[str, Any]] = (),
 ) -> RunCost:
-    """The cost of `record` as of `now`: the VMs at their rate while up for the run, their disks all along.
+    """The cost of `record` as of `now` (its end once it has one): the one figure every view shows.
 
-    The rate is the instances' added up (forja's price table; `instances` as the inventory or
-    --instances gives them: one VM, or every member of the run's cluster, "2 × g2-standard-24"), else
-    the rate the run itself used (its config's price_per_hour, which trainer_run looked up in the same
-    table, times the cluster's node count); with neither, ValueError says what to give. Disks are
-    priced only from `instances`.
+    The VMs at their rate while up for the run, their disks all along (the module's docstring says
+    why). The rate is the one recorded with the run since its start (a ``priced`` event: when it was
+    sent, or settled), else
+    `instances`' (forja's price table; as the inventory or --instances gives them: one VM, or every
+    member of the run's cluster, "2 × g2-standard-24"), else the rate the run itself used (its
+    config's price_per_hour), with no disk; with none, ValueError says what to give.
     """
-    vms = [Instance.from_mapping(i) for i in instances]
-    if vms:
-        rate = fleet_rate(vms, prices)
-        usd_per_hour, source = rate.usd_per_hour, f"{rate.what}, prices of {prices.date}"
-    elif isinstance(files.config.get("price_per_hour"), int | float) and files.config["price_per_hour"] > 0:
-        usd_per_hour, source = float(files.config["price_per_hour"]), "the run's price_per_hour (config.yaml)"
-    else:
-        raise ValueError(
-            f"run {record.run_id}: no hourly rate known (no fetched config.yaml with price_per_hour); "
-            "give the inventory (-i) or --instances with the run's VM"
-        )
+    try:
+        pricing = Pricing.recorded(history, record.started_at) or Pricing.of(files, prices, instances)
+    except ValueError as exc:
+        raise ValueError(f"run {record.run_id}: {exc}") from exc
+    return priced(record, history, files, pricing, now)
+
+
+def priced(
+    record: RunRecord, history: Sequence[RunEvent], files: RunFiles, pricing: Pricing, now: datetime
+) -> RunCost:
+    """The cost of `record` at `pricing` as of `now`: `run_cost` once the rate is decided."""
     began = _stamp(record.started_at) or now.timestamp()
     ended = _stamp(record.ended_at) or now.timestamp()
     span = max(0.0, ended - began)
     down = min(span, _down_seconds(history))
     up = span - down
-    per_s = usd_per_hour / 3600.0
-    disk_usd = None
-    if any(vm.disks for vm in vms):
-        disk_usd = disk_month_usd(vms, prices) * (span / 3600.0) / prices.hours_per_month
-
+    per_s = pricing.usd_per_hour / 3600.0
+    disk_usd = None if pricing.disk_usd_per_hour is None else pricing.disk_usd_per_hour * span / 3600.0
     seconds = split(record, history, files, up)
     parts = tuple(Part(name, s, None if s is None else s * per_s) for name, s in seconds.items())
-    trainer = files.summary.get("cost_usd")
+    training = files.summary.get("cost_usd")
     return RunCost(
         run_id=record.run_id,
         status=record.status,
         started_at=record.started_at,
         ended_at=record.ended_at,
-        usd_per_hour=usd_per_hour,
-        rate_source=source,
+        usd_per_hour=pricing.usd_per_hour,
+        rate_source=pricing.source,
         span_s=span,
         down_s=down,
         up_s=up,
         vm_usd=up * per_s,
         disk_usd=disk_usd,
-        total_usd=up * per_s + (disk_usd or 0.0),
+        cost_usd=up * per_s + (disk_usd or 0.0),
         preemptions=max(record.preemptions, sum(1 for e in history if e.kind == "preempted")),
         zone_moves=sum(1 for e in history if e.kind == "zone_moved"),
-        trainer_usd=float(trainer) if isinstance(trainer, int | float) else None,
+        training_usd=float(training) if isinstance(training, int | float) else None,
         parts=parts,
-        vm_count=len(vms) or None,
+        vm_count=pricing.vm_count,
     )

@@ -4,7 +4,8 @@ Why these: Starlette is a small, well-kept ASGI toolkit (routing, static files, 
 uvicorn its usual server; neither needs more than this page asks. The page is static (HTML, JS, CSS
 and the vendored uPlot under ``static/``); it reads four JSON endpoints:
 
-- ``/api/runs``: the history's runs with their status, cost (forja.cost.run), preemptions, zone moves;
+- ``/api/runs``: the history's runs with their status, cost (forja.cost.run: settled once ended, so far
+  before), preemptions, zone moves;
 - ``/api/runs/{id}``: one run: its cost part by part, its history events, its summary, its final plots;
 - ``/api/live``: every serving run's live metrics (`forja.live.samples`, through the tunnel), collected here
   once a second into a series per run, so a chart survives a reload of the page;
@@ -160,7 +161,10 @@ class Dashboard:
         rows = []
         for record in self.session.history.list(limit=100):
             cost = self._cost(record)
-            usd = cost.total_usd if not isinstance(cost, str) else record.cost_usd
+            # An ended run: the cost settled in the history (forja.cost_report.settle), as every view
+            # shows it; a run going on: its cost so far by the same function (forja.cost.run).
+            settled = record.ended_at is not None and record.cost_usd is not None
+            usd = record.cost_usd if settled or isinstance(cost, str) else cost.cost_usd
             events = self.session.history.events(record.run_id)
             rows.append({
                 **plain(record),

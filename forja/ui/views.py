@@ -62,16 +62,23 @@ def cost(found: Any) -> dict[str, Any]:
         [f"down ({found.preemptions} preempted, {found.zone_moves} zone moves)", fmt.duration(found.down_s),
          "", ""],
         ["disk, the whole time", fmt.duration(found.span_s), fmt.money(found.disk_usd) or "?", ""],
-        ["total", "", fmt.money(found.total_usd), ""],
+        ["total", "", fmt.money(found.cost_usd), ""],
     ]
     note = f"rate {fmt.hourly(found.usd_per_hour)}: {found.rate_source}"
     if all(part.seconds is None for part in found.parts):
         note += "; the split into setup, compute, data wait and evaluation comes with the fetched results"
     if found.disk_usd is None:
         note += "; the disk is not counted (no record of the run's VM)"
-    if found.trainer_usd is not None:
-        note += f"; the trainer's own figure (its processes only): {fmt.money(found.trainer_usd)}"
+    if found.training_usd is not None:
+        note += f"; {training_words(found.training_usd)}"
     return {"rows": rows, "note": note}
+
+
+def training_words(usd: float | None) -> str:
+    """The trainer's own count, labelled as the part of the cost it is (forja/cost/run.py), everywhere."""
+    from forja.cost.run import TRAINING_LABEL
+
+    return f"{TRAINING_LABEL}: {fmt.money(usd)}"
 
 
 def event(found: Any) -> dict[str, str]:

@@ -90,8 +90,31 @@ def hourly_rate(record: Mapping[str, Any], prices: str | None = None, whole_clus
     return rate.usd_per_hour * members
 
 
+# What else prices a run: its disks (billed all along) and its cluster (every member is kept up).
+_RUN_FIELDS = ("preemptible", "boot_disk_size_gb", "boot_disk_type", "disk_size_gb", "disk_type",
+               "forja_cluster", "forja_node_rank")
+
+
+def price_record(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of a host's inventory record that price a run on it, named as ``forja cost`` reads
+    them: what the train playbook hands to ``python -m forja.history record --instances`` so the
+    controller prices site.yml's run as ``forja cost --run`` does, without the rest of the hostvars
+    (connection settings, group variables) on a command line."""
+    if not isinstance(record, Mapping):
+        raise AnsibleFilterError(
+            "forja_price_record: expected a host's inventory record such as hostvars[inventory_hostname], "
+            f"got {type(record).__name__}"
+        )
+    found: dict[str, Any] = {"name": str(_pick(record, "inventory_hostname") or _pick(record, "name") or "")}
+    for key in (*_PRICED_FIELDS, *_RUN_FIELDS):
+        value = _pick(record, key)
+        if value is not None:
+            found[key] = value
+    return found
+
+
 class FilterModule:
     """forja's cost filters."""
 
     def filters(self) -> dict[str, Any]:
-        return {"forja_hourly_rate": hourly_rate}
+        return {"forja_hourly_rate": hourly_rate, "forja_price_record": price_record}

@@ -37,16 +37,11 @@ def inventory(path: Path, hosts: dict[str, dict[str, object]]) -> Path:
     return path
 
 
-#: Every verb of the command and the `Forja` method it is.
+#: Every verb of the command and the `Forja` method it calls.
 VERBS = {"up": Forja.up, "configure": Forja.configure, "down": Forja.down, "train": Forja.train,
          "follow": Forja.follow, "status": Forja.status, "logs": Forja.logs, "fetch": Forja.fetch,
          "stop": Forja.stop, "runs": Forja.runs, "tunnel": Forja.tunnel, "cost": Forja.cost,
          "prune": Forja.prune}
-
-
-def words(text: str) -> str:
-    """Text with rich's panel borders and line wrapping removed, for comparing help with docstrings."""
-    return " ".join(text.replace("│", " ").split())
 
 
 def test_help_lists_every_command_and_the_exit_codes() -> None:
@@ -60,16 +55,16 @@ def test_help_lists_every_command_and_the_exit_codes() -> None:
 
 
 @pytest.mark.parametrize("command", sorted(VERBS))
-def test_every_verb_is_a_forja_method_with_the_same_docstring(command: str) -> None:
+def test_a_verbs_help_is_its_own_not_the_api_docstring(command: str) -> None:
+    """The API's docstring speaks Python (`wait=False`, `timeout_s`); the verb's help is written for
+    the command line (tests/cli/test_cli_help.py checks its words)."""
     result = runner.invoke(app, [command, "--help"], terminal_width=200)
     assert result.exit_code == 0, result.output
-    first_paragraph = (inspect.getdoc(VERBS[command]) or "").split("\n\n")[0]
-    assert first_paragraph and words(first_paragraph) in words(result.output)
+    first_paragraph = " ".join((inspect.getdoc(VERBS[command]) or "").split("\n\n")[0].split())
+    assert first_paragraph and first_paragraph not in " ".join(result.output.split())
 
 
 def test_cost_rate_is_forja_rate(home: Path) -> None:
-    result = runner.invoke(app, ["cost", "rate", "--help"], terminal_width=200)
-    assert words((inspect.getdoc(Forja.rate) or "").split("\n\n")[0]) in words(result.output)
     shown = runner.invoke(app, ["cost", "rate", "--machine-type", "g2-standard-8", "--zone", "us-east1-d"])
     exact = runner.invoke(app, ["--json", "cost", "rate", "--machine-type", "g2-standard-8",
                                 "--zone", "us-east1-d"])

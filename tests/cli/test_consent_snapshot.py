@@ -99,6 +99,16 @@ def test_without_a_person_ask_goes_on_and_a_person_decides(home: Path, project: 
         consent.obtain(session, going, ask=lambda q: False)
 
 
+def test_a_send_asked_about_already_walks_the_project_once(home: Path, project: Path) -> None:
+    """`forja train` asks before its progress display (ask_once), then sends with yes: the survey still
+    to make is made only when something is said, asked or refused."""
+    asked = Session(inventory=None, extravars={"forja_upload_consent": "ask"})
+    consent.obtain(asked, lambda: pytest.fail("surveyed again"), yes=True)
+    refused = Session(inventory=None, extravars={"forja_upload_consent": "never"})
+    with pytest.raises(ConfigError, match=r"the project: 2 files"):
+        consent.obtain(refused, lambda: consent.survey(project, [], "the project"), yes=True)
+
+
 def test_the_snapshot_holds_the_commit_and_every_uncommitted_change(home: Path, project: Path) -> None:
     (project / "model.py").write_text("WIDTH = 16\n")  # tracked, changed
     (project / "notes.txt").write_text("lr 3e-4 looked best\n")  # untracked, not ignored
@@ -138,6 +148,11 @@ def test_again_sends_the_snapshot_s_code_from_a_worktree_and_leaves_the_tree_alo
         assert plan.project is not None and plan.project != project
         assert (plan.project / "model.py").read_text() == "WIDTH = 16\n"  # the run's commit + its patch
         assert "temporary worktree" in plan.said
+        History().start("r2", name="r2")  # sent from there: its snapshot names the project, not the worktree
+        sent = snapshot.record(session, "r2", project=plan.project, config=plan.config, options={})
+    assert (sent["project"], sent["git_root"]) == (str(project), str(project.resolve()))
+    with snapshot.again(session, "r2") as plan:
+        assert (plan.project / "model.py").read_text() == "WIDTH = 16\n"  # r1's code, again
     assert not plan.project.exists()
     assert (project / "model.py").read_text() == "WIDTH = 32\n"
     assert len(git(project, "worktree", "list").splitlines()) == 1

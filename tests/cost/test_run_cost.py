@@ -76,7 +76,7 @@ def test_a_run_costs_the_vm_while_up_for_it_and_the_disk_all_along(ran: dict[str
     assert cost.usd_per_hour == SPOT, "the instance's own rate (Spot) from the price table"
     assert cost.vm_usd == pytest.approx(SPOT * (SPAN_S - DOWN_S) / 3600)
     assert cost.disk_usd == pytest.approx(300 * DISK_GB_MONTH * SPAN_S / 3600 / HOURS_PER_MONTH)
-    assert cost.total_usd == pytest.approx(cost.vm_usd + cost.disk_usd)
+    assert cost.cost_usd == pytest.approx(cost.vm_usd + cost.disk_usd)
     assert (cost.preemptions, cost.zone_moves) == (1, 1)
 
 
@@ -103,7 +103,7 @@ def test_without_an_instance_the_run_is_priced_at_the_rate_it_used_and_the_disk_
 ) -> None:
     cost = ran["forja"].run_cost("digits-a")
     assert cost.usd_per_hour == RATE and "price_per_hour" in cost.rate_source
-    assert cost.disk_usd is None and cost.total_usd == pytest.approx(RATE * (SPAN_S - DOWN_S) / 3600)
+    assert cost.disk_usd is None and cost.cost_usd == pytest.approx(RATE * (SPAN_S - DOWN_S) / 3600)
 
 
 def cli(ran: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
@@ -124,7 +124,7 @@ def test_forja_cost_run_prints_each_part_for_people_and_every_digit_in_json(ran:
         assert words in shown.stdout, words
     as_json = cli(ran, "--json", "cost", "--run", "digits-a", "--instances", str(instances))
     data = json.loads(as_json.stdout)
-    assert data["total_usd"] == pytest.approx(SPOT * (SPAN_S - DOWN_S) / 3600
+    assert data["cost_usd"] == pytest.approx(SPOT * (SPAN_S - DOWN_S) / 3600
                                               + 300 * DISK_GB_MONTH * SPAN_S / 3600 / HOURS_PER_MONTH)
 
 
@@ -171,10 +171,22 @@ def test_with_no_earlier_run_the_estimate_is_the_plans_prediction_labelled_so(
     assert found.total_usd == pytest.approx(found.seconds * SPOT / 3600 + found.disk_usd)
     line = found.describe()
     assert "predicted" in line and "no earlier run" in line and "$0.56/h" in line and "±25%" in line
-    # once a run of that config measured it, the estimate says how far off the kept prediction was
+    # a run of that config measured it on the CPU: the L4 plan is not scored against the CPU's speed
     measured = ran["forja"].estimate(again, [VM])
-    assert measured.measured.run_id == "digits-a" and measured.prediction_error is not None
-    assert "forja plan had predicted" in measured.describe()
+    assert measured.measured.run_id == "digits-a" and measured.measured.device == "cpu"
+    assert measured.prediction_error is None and "% off" not in measured.describe()
+    assert "not compared: the plan was for nvidia-l4 and digits-a trained on the CPU" in measured.describe()
+
+
+def test_the_plans_error_is_reported_only_against_a_run_on_the_planned_gpu() -> None:
+    from forja.cost.estimate import Measured, Predicted, RunEstimate
+
+    planned = Predicted(0.5, 0.25, "modelled", STEPS, 32, 1, 900.0, "nvidia-l4")
+    for device, error in (("NVIDIA L4", 0.25), ("Tesla T4", None), ("cpu", None), (None, None)):
+        on = Measured("run-a", "the same config", 0.4, 10.0, 2.0, STEPS, device)
+        found = RunEstimate(STEPS, RATE, "on demand", None, on, 60.0, 0.01, None, 0.01, planned)
+        assert found.prediction_error == (pytest.approx(error) if error is not None else None), device
+        assert ("+25% off" in found.describe()) == (error is not None), device
 
 
 def test_a_missing_config_is_a_clear_error(ran: dict[str, Any]) -> None:

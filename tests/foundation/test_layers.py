@@ -27,10 +27,11 @@ LAYERS: dict[str, int] = {
          "forja.datasets", "forja.colab", "forja.cost_report", "forja.hub", "forja.managed", "forja.vertex",
          "forja.vertex_job", "forja.ui", "forja.ui.server", "forja.ui.views", "forja.ui.vendor",
          "forja.top", "forja.zones", "forja.prune", "forja.deletion", "forja.sweep",
-         "forja.sweep_runners", "forja.queue", "forja.plan"), 2),
+         "forja.sweep_runners", "forja.queue", "forja.plan", "forja.again", "forja.record"), 2),
     "forja.api": 3,
     "forja.cli": 4,
     "forja.cost.__main__": 4,  # `python -m forja.cost`: the `forja cost` command under another name
+    "forja.__main__": 4,  # `python -m forja`: the `forja` command itself
 }
 LAYER_NAMES = ("core", "session", "features", "api", "cli")
 
@@ -173,6 +174,12 @@ def test_the_trainer_and_the_product_stand_apart_from_what_sits_above_them() -> 
     crossing = [_where(f) for f in IMPORTS
                 if f.target.split(".")[0] in below.get(f.module.split(".")[0], ())]
     assert crossing == []
+
+
+def test_a_training_run_does_not_load_the_planner() -> None:
+    """The run writes its measured memory with trainer.metrics' allocator helpers; the planner
+    (trainer.plan: fake-tensor tracing and the GPU table) is `forja plan`'s alone."""
+    assert [_where(f) for f in IMPORTS if f.module == "trainer.train" and f.target == "trainer.plan"] == []
 
 
 def test_no_private_name_is_used_across_modules() -> None:

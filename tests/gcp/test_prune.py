@@ -1,10 +1,11 @@
 """No forgotten disk (issue 28, part 3): the stopped-disk prune against the Compute and Storage emulators.
 
-The drill: three stopped VMs of one inventory. Autostop's own code (the agent installed on the VM)
+The drill: four stopped VMs of one inventory. Autostop's own code (the agent installed on the VM)
 records each one's runs through the VM's metadata server just before the poweroff. One VM's newest
 checkpoint and results are in the bucket: past its (test-shortened) autostop_delete_after it is deleted
 and a disk_deleted event reaches the webhook. One VM's checkpoint never reached the bucket: it is kept,
-with a warning naming its disk's monthly cost and the fix. One stopped too recently waits. All of it
+with a warning naming its disk's monthly cost and the fix. One stopped too recently waits. One its user
+stopped with `forja down` after autostop's stop is kept, though autostop's older record would pass. All of it
 through `Forja.prune` -> ansible-runner -> playbooks/prune.yml -> gcp_gpu_prune, over real HTTP.
 """
 
@@ -121,13 +122,14 @@ def _create_vm(emu: Any, name: str) -> None:
     })
 
 
-def _vm_stopped_by_autostop(emu: Any, metadata: MetadataServer, name: str, run_dir: Path | None) -> None:
+def _vm_stopped_by_autostop(emu: Any, metadata: MetadataServer, name: str, run_dir: Path | None,
+                            ago_s: float = 0.0) -> None:
     """Create the VM, let the agent leave its record (as its stop does, after the units checkpointed),
-    then stop it."""
+    then stop it. `ago_s`: the record's time that long ago (a stop before the VM's last start)."""
     _create_vm(emu, name)
     if run_dir is not None:
         config = {**agent.DEFAULTS, "metadata_url": metadata.url, "run_dir": str(run_dir)}
-        agent.record_mirror(config, time.time())
+        agent.record_mirror(config, time.time() - ago_s)
     _call(emu, "POST", f"instances/{name}/stop")
 
 
@@ -170,6 +172,12 @@ def test_drill_a_mirrored_vm_is_deleted_and_an_unmirrored_one_is_kept_with_a_war
         _vm_stopped_by_autostop(emulator, metadata, "vm-unmirrored",
                                 _run_folder(tmp_path / "b", "lost", 10, summary=False))
         _vm_stopped_by_autostop(emulator, metadata, "vm-recent", None)
+        # Stopped by autostop with all of it in the bucket; then its user started it and stopped it
+        # with `forja down` (the Compute API's stop: no new record). The prune keeps what its user stopped.
+        _vm_stopped_by_autostop(emulator, metadata, "vm-downed",
+                                _run_folder(tmp_path / "c", "digits", 40, summary=True), ago_s=60)
+        _call(emulator, "POST", "instances/vm-downed/start")
+        _call(emulator, "POST", "instances/vm-downed/stop")
     stopped = time.monotonic()
 
     with StorageEmulator(data_dir=tmp_path / "gcs") as gcs:
@@ -216,6 +224,10 @@ def test_drill_a_mirrored_vm_is_deleted_and_an_unmirrored_one_is_kept_with_a_war
     assert warning.startswith("vm-unmirrored: stopped ") and "300 GB disk still bills $" in warning
     assert "/month" in warning and "forja down --delete" in warning and "finish mirroring" in warning
     assert recent.action == "wait" and "of autostop_delete_after 1 d" in recent.reason
+    downed = report.verdicts["vm-downed"]
+    assert emulator.instance(PROJECT, ZONE, "vm-downed")["status"] == "TERMINATED"
+    assert downed.action == "keep" and "older than its last start" in downed.reason
+    assert "forja down --delete" in downed.warning and "/month" in downed.warning
     [event] = posted
     assert event["event"] == "disk_deleted" and event["vm"] == "vm-mirrored"
     assert event["details"]["disk_usd_per_month_saved"] == pytest.approx(mirrored.disk_usd_per_month)

@@ -131,6 +131,8 @@ def test_a_zone_move_sends_the_mirrored_queue_again_in_order_with_each_runs_opti
         assert (urgent["priority"], urgent["gpu_memory"]) == (5, "6144MiB")
         assert (urgent["project"], urgent["config"]) == (project, "steps: 13\n")  # the snapshot's own copy
         assert "gpu_memory" not in early  # a planned peak is planned again by the new send, not declared
+        # The waiting ones keep when they were queued (their wait goes on); a running one waits anew.
+        assert (urgent["queued_at"], early["queued_at"]) == (104.0, 103.0) and "queued_at" not in beside
         assert early["config"] == "steps: 12\n"  # its own config (forja.snapshot.again finds it)
         assert (early["excludes"], early["extravars"], early["wait"]) == (["data/"], {"seed": 2}, False)
         restored = [e for e in history.events("watched") if e.kind == "queue_restored"]

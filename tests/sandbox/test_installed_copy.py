@@ -66,8 +66,8 @@ def test_the_installed_forja_is_the_wheels_and_finds_its_content(installed_forja
                                                                  "_collection")
     shown = _run([str(installed_forja.bin / "forja"), "--help"], tmp_path, installed_forja.env())
     assert shown.returncode == 0, shown.stdout[-3000:] + shown.stderr[-3000:]
-    commands = {line.split()[1] for line in shown.stdout.splitlines()
-                if line.startswith("│ ") and len(line.split()) > 1 and not line.split()[1].startswith("-")}
+    listed = shown.stdout.split("\nCommands:\n", 1)[-1].splitlines()  # click's plain help: "  NAME  text"
+    commands = {line.split()[0] for line in listed if line.startswith("  ") and not line.startswith("   ")}
     assert {"init", "up", "configure", "train", "status", "tunnel", "runs"} <= commands, shown.stdout
 
 

@@ -48,6 +48,7 @@ import yaml
 from renamed_tree import PREFIX, renamed_copy
 
 from forja import contract
+from forja import format as fmt
 from forja.api import Forja
 from forja.history import History
 from forja_sandbox import colab, iap, service, testhosts
@@ -289,6 +290,9 @@ def test_the_readme_walk_through_the_forja_command(first_run: subprocess.Complet
     # site.yml's train play recorded the demo run in the history that `forja runs` lists
     listed = {(r["run_id"], r["status"]) for r in json.loads(runs.stdout)}
     assert ("digits", "completed") in listed, runs.stdout
+    # one cost per run (docs/cost-definition.md): site.yml's summary printed the figure `forja runs` shows
+    (digits,) = [r for r in json.loads(runs.stdout) if r["run_id"] == "digits"]
+    assert f"cost {fmt.money(digits['cost_usd'])} (of which training" in first_run.stdout, digits
     cost = _forja("--json", "cost")
     assert cost.returncode == 0, cost.stdout[-2000:] + cost.stderr[-2000:]
     (line,) = json.loads(cost.stdout)["instances"]
@@ -429,7 +433,7 @@ def test_data_in_and_a_live_run_watched_through_the_tunnel(
     assert [json.loads(line).get("requested_by") for line in said.splitlines()] == ["forja stop"], said
     priced = _forja("--json", "cost", "--run", "shards-streamed", cwd=project)
     assert priced.returncode == 0, priced.stdout[-2000:] + priced.stderr[-2000:]
-    assert json.loads(priced.stdout)["total_usd"] > 0, priced.stdout
+    assert json.loads(priced.stdout)["cost_usd"] > 0, priced.stdout
 
 
 MOVED_PORT = 18890

@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -102,6 +103,22 @@ def test_a_run_that_can_never_fit_or_waited_past_its_timeout_fails_with_the_reas
         "late": "waited 10 min (its queue timeout): needs 20.0 GiB, 14.5 GiB free beside running",
     }
     assert [w["run"] for w in decision["waiting"]] == ["patient", "no-limit"]
+
+
+def test_a_run_queued_again_after_a_zone_move_keeps_its_wait_and_its_timeout_starts_on_the_new_host(
+    host: dict[str, Any],
+) -> None:
+    set_up(host, "moved")
+    first = time.time() - 500  # queued 500 s ago on the VM the move replaced
+    assert queue_cli(host, "add", "moved", "--gpu-memory", "20GiB", "--queued-at", str(first)).returncode == 0
+    row = json.loads(queue_cli(host, "list").stdout)["entries"][0]
+    assert row["enqueued_at"] == first and row["waited_s"] >= 500
+    # Behind a 8 GiB run it waits: 700 s after it was first queued, but 200 s on this host (timeout 600).
+    requeued = {**entry("moved", 1, 20 * GIB, age=700), "requeued_at": 800.0}
+    decision = q.decide([requeued], {"running": 8 * GIB}, L4, 1000.0)
+    assert decision["fail"] == {} and decision["waiting"][0]["run"] == "moved"
+    late = q.decide([{**requeued, "requeued_at": 400.0}], {"running": 8 * GIB}, L4, 1000.0)["fail"]
+    assert late["moved"].startswith("waited 12 min (its queue timeout)")
 
 
 @pytest.mark.parametrize(("text", "mib"), [("10GiB", 10240), ("10 GB", 9537), ("900MiB", 900), ("900", 900),

@@ -388,3 +388,42 @@ def test_vertex_follow_prints_the_replicas_lines_and_ctrl_c_leaves_the_job_runni
 
     cancelled = CliRunner().invoke(app, ["vertex", "cancel", "tail"])
     assert cancelled.exit_code == 0 and "JOB_STATE_CANCELLED" in cancelled.stdout, cancelled.output
+
+
+def test_a_vm_run_is_sent_again_from_its_snapshot_as_a_vertex_job(
+    sandbox: VertexEmulator, tmp_path: Path
+) -> None:
+    """`train_again(backend="vertex")` (forja train --again RUN --backend vertex): the snapshot's config
+    goes as the job's, under a new name; a run sent with -e overrides is refused, since Vertex takes none."""
+    from forja import snapshot
+    from forja.runs import config_hash
+
+    new_bucket("vertex-again")
+    forja = Forja(project_dir=tmp_path, history=History(tmp_path / "history.db"))
+    config = config_file(tmp_path, steps=1)
+    sent_with = {"script": None, "args": [], "excludes": [], "procs": None, "hooks": {}}
+    for run, extravars in (("on-vm", {}), ("with-e", {"steps": 5})):
+        forja.history.start(run, name=run, config_path=str(config))
+        snapshot.record(forja, run, project=None, config=config,
+                        options={**sent_with, "extravars": extravars})
+    config.write_text("steps: 1\n")  # the user's file moved on: the snapshot's copy is what goes
+    options = VertexOptions(bucket="gs://vertex-again")
+
+    said: list[str] = []
+    sent = forja.train_again("on-vm", backend="vertex", vertex=options, wait=False, say=said.append)
+    assert sent.status == "running" and sent.run_id.startswith("tiny-"), sent  # named for the config given
+    assert said == ["run on-vm again: the same config, no project"]
+    assert forja.history.get(sent.run_id).config_hash == config_hash(snapshot.folder("on-vm") / "config.yaml")
+    assert [j.proto.display_name for j in sandbox.store.list(PARENT) if j.proto.name == sent.hosts[0]] == [
+        sent.run_id]
+    assert forja.vertex_cancel(sent.run_id, options)
+
+    with pytest.raises(ConfigError) as refused:
+        forja.train_again("with-e", backend="vertex", vertex=options, name="never-sent")
+    assert refused.value.field == "--again" and "-e steps=5" in refused.value.message
+    assert "drop --backend vertex" in refused.value.message
+    assert no_job_named(sandbox, "never-sent")
+
+
+def no_job_named(sandbox: VertexEmulator, name: str) -> bool:
+    return not [j for j in sandbox.store.list(PARENT) if j.proto.display_name == name]

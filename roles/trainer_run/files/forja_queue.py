@@ -2,7 +2,7 @@
 """forja_queue.py: the run queue of one host, kept as files on its disk and driven by systemd.
 
     forja_queue.py [--config FILE] add RUN [--priority N] [--gpu-memory 10GiB] [--planned-memory 9GiB]
-                                            [--timeout-s S]
+                                            [--timeout-s S] [--queued-at UNIX_TIME]
     forja_queue.py [--config FILE] admit          # one admission pass (forja-queue.service)
     forja_queue.py [--config FILE] list           # the queue as one JSON document
     forja_queue.py [--config FILE] cancel RUN     # a waiting run leaves; a running one is killed
@@ -32,6 +32,10 @@ start and what to fail out. Its rules:
     behind it starts until it has.
   - A run that can never fit (it needs more than the whole GPU) fails at once, with its reason; one
     still waiting after its own timeout (0: none) fails with what it waited for.
+  - A run queued again after a zone move (`add --queued-at`: the managed watcher sends the mirrored
+    entries to the new VM) keeps the time it was first queued: its wait goes on counting, and it ages
+    towards its turn from then. Its timeout counts from when this host queued it (`requeued_at`): the
+    move's outage was no fault of what it waits for.
 The memory used beside is what the running runs declared or were estimated at, not nvidia-smi's
 current use: a run's use grows after its start, and admission must not double-book its peak.
 
@@ -132,6 +136,7 @@ def decide(entries, holders, capacity_mib, now):
     for entry in ordered(entries):
         run, mem = entry["run"], entry.get("gpu_memory_mib")
         age = now - float(entry.get("enqueued_at") or now)
+        here = now - float(entry.get("requeued_at") or entry.get("enqueued_at") or now)  # on this host
         timeout = float(entry.get("timeout_s", DEFAULT_TIMEOUT_S) or 0)  # 0: it may wait for ever
         if capacity_mib is not None and mem is not None and mem > capacity_mib:
             fail[run] = f"needs {fmt_mib(mem)}, the GPU has {fmt_mib(capacity_mib)}"
@@ -144,7 +149,7 @@ def decide(entries, holders, capacity_mib, now):
             continue
         why = (f"waits for {reserved} to start first (passed {MAX_PASSES} times, or waiting "
                f"{fmt_wait(AGING_S)})") if reserved else blocked_by(mem, holding, capacity_mib)
-        if timeout and age >= timeout:
+        if timeout and here >= timeout:
             fail[run] = f"waited {fmt_wait(age)} (its queue timeout): {why}"
             continue
         waiting.append({"run": run, "runnable": True, "reason": why})
@@ -371,10 +376,11 @@ def leave(config, run, outcome, **fields):
         write_json(os.path.join(folder, RUN_FILE), {"outcome": outcome, **fields})
 
 
-def add(config, run, priority, gpu_memory_mib, timeout_s, now, planned_mib=None):
+def add(config, run, priority, gpu_memory_mib, timeout_s, now, planned_mib=None, queued_at=None):
     """Queue a set-up run (its env file exists); an entry already there keeps its place. Prints what
     happened. `planned_mib`, the trainer's plan, counts only when nothing else knows the run's peak: a
-    declared peak is the user's word, and an earlier run's is measured."""
+    declared peak is the user's word, and an earlier run's is measured. `queued_at`: when the run was
+    first queued, on the VM a zone move replaced (never later than now: another host's clock)."""
     path = os.path.join(queue_dir(config), run + ".json")
     with locked(config):
         old = read_json(path)
@@ -393,8 +399,11 @@ def add(config, run, priority, gpu_memory_mib, timeout_s, now, planned_mib=None)
         seq = max([int(e.get("seq", 0)) for e in entries(config)] + [0]) + 1
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(config["run_dir"], run, RUN_FILE))
+        first = {"enqueued_at": now}
+        if queued_at is not None:
+            first = {"enqueued_at": min(float(queued_at), now), "requeued_at": now}
         write_json(path, {"run": run, "seq": seq, "priority": int(priority), "gpu_memory_mib": gpu_memory_mib,
-                          "memory_source": source, "timeout_s": int(timeout_s), "enqueued_at": now,
+                          "memory_source": source, "timeout_s": int(timeout_s), **first,
                           "passed": 0, "admitted_at": None})
     print(json.dumps({"run": run, "queued": True, "seq": seq, "gpu_memory_mib": gpu_memory_mib}))
     kick()
@@ -570,6 +579,8 @@ def main(argv):
     p_add.add_argument("--planned-memory", type=parse_memory,
                        help="the trainer's planned peak (forja plan), used when nothing else gives one")
     p_add.add_argument("--timeout-s", type=int, default=DEFAULT_TIMEOUT_S)
+    p_add.add_argument("--queued-at", type=float,
+                       help="when the run was first queued (Unix time), on the VM a zone move replaced")
     sub.add_parser("admit")
     sub.add_parser("list")
     p_cancel = sub.add_parser("cancel")
@@ -584,7 +595,8 @@ def main(argv):
         parser.error(f"{args.config} gives no run_dir; apply the trainer_run role, which writes it")
     now = time.time()
     if args.command == "add":
-        return add(config, args.run, args.priority, args.gpu_memory, args.timeout_s, now, args.planned_memory)
+        return add(config, args.run, args.priority, args.gpu_memory, args.timeout_s, now, args.planned_memory,
+                   args.queued_at)
     if args.command == "admit":
         return admit(config, now)
     if args.command == "list":

@@ -183,16 +183,34 @@ def settle(
     pricing = Pricing.recorded(history, record.started_at)
     if pricing is None:
         own: list[str] = []
-        if instances is None and session.inventory:  # read once: its VMs and the user's own machines
+        # The inventory is read once per run: a run its hosts cannot price (no machine type, not the
+        # user's own machine) is marked, and later looks try only its fetched config's price_per_hour.
+        looked = _unpriced_since(history, record.started_at)
+        if instances is None and session.inventory and not looked:
             with contextlib.suppress(errors.ForjaError):
                 instances, own, _ = inventory.gcp_instances(inventory.required(session.inventory))
         pricing = price_run(session, record, instances or [], files=files, own=own)
         if pricing is None:
+            if not looked:
+                session.history.record_event(run_id, UNPRICED_EVENT,
+                                             reason="no hourly rate known for the run's hosts")
             return None
         history = session.history.events(run_id)
     found = priced(record, history, files, pricing, datetime.now(timezone.utc))
     session.history.update(run_id, cost_usd=found.cost_usd)
     return found
+
+
+#: A history event: the inventory was read to price the run and gave no rate (read once per run).
+UNPRICED_EVENT = "unpriced"
+
+
+def _unpriced_since(history: Sequence[Any], started_at: str | None) -> bool:
+    """Whether the run (the one that started at `started_at`, not an earlier one of its name) was
+    already found to have no rate in the inventory."""
+    start = datetime.fromisoformat(started_at) if started_at else None
+    return any(e.kind == UNPRICED_EVENT and (start is None or datetime.fromisoformat(e.time) >= start)
+               for e in history)
 
 
 def price_run(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import sys
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +81,26 @@ def test_a_run_priced_when_sent_is_settled_without_reading_the_inventory(
     expected = SPOT * SPAN_S / 3600 + 300 * DISK_GB_MONTH * SPAN_S / 3600 / HOURS_PER_MONTH
     assert found is not None and history.get("digits").cost_usd == pytest.approx(expected)
     assert "g2-standard-8" in found.rate_source
+
+
+def test_a_run_its_hosts_cannot_price_reads_the_inventory_once_however_often_it_is_looked_at(
+    tmp_path: Path,
+) -> None:
+    inventory = tmp_path / "hosts.yml"  # a host with no machine type: nothing in it prices the run
+    inventory.write_text(yaml.safe_dump({"all": {"children": {"forja_gpu": {"hosts": {"th6": {}}}}}}))
+    history = History(tmp_path / "history.sqlite")
+    session = Session(tmp_path, inventory=str(inventory), history=history)
+    history.start("digits", name="digits")
+    ended = datetime.now(timezone.utc).isoformat()
+    history.update("digits", hosts=["th6"], status="completed", ended_at=ended)
+    spawned: list[str] = []
+    sys.addaudithook(lambda event, args: event == "subprocess.Popen" and spawned.append(str(args[1])))
+    # following it to its end, fetching it, `forja status`: each learns it ended
+    assert [cost_report.settle(session, "digits") for _ in range(3)] == [None, None, None]
+
+    assert len([argv for argv in spawned if "ansible-inventory" in argv]) == 1, spawned
+    assert [e.kind for e in history.events("digits")].count(cost_report.UNPRICED_EVENT) == 1
+    assert history.get("digits").cost_usd is None  # unknown, never a made-up figure
 
 
 def test_a_run_sent_again_keeps_its_rate_and_a_new_run_under_its_name_gets_its_own(tmp_path: Path) -> None:

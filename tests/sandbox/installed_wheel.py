@@ -59,3 +59,10 @@ class Installed:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_") and k not in CHOOSING}
         return {**env, "PATH": os.pathsep.join([str(self.bin), *path]), "ANSIBLE_NOCOLOR": "1",
                 "COLUMNS": "200", **extra}
+
+
+def help_commands(text: str) -> set[str]:
+    """The command names `forja --help` lists (click's plain help: a "Commands:" section of
+    "  NAME  summary" lines, the summary's wrapped lines indented further)."""
+    listed = text.split("\nCommands:\n", 1)[-1].splitlines()
+    return {line.split()[0] for line in listed if line.startswith("  ") and not line.startswith("   ")}

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from installed_wheel import help_commands
 
 from forja_sandbox import service, testhosts
 from forja_sandbox.compute_emulator import ComputeEmulator
@@ -210,9 +211,8 @@ def test_the_wheel_installed_without_the_extra_runs_forja_help(product_wheel: Pa
     outside.mkdir()
     shown = _run([str(venv / "bin" / "forja"), "--help"], _env(COLUMNS="200"), cwd=outside)
     assert shown.returncode == 0, shown.stdout[-3000:] + shown.stderr[-3000:]
-    commands = [line.split()[1] for line in shown.stdout.splitlines() if line.startswith("│ ") and
-                len(line.split()) > 1 and not line.split()[1].startswith("-")]
-    assert {"up", "configure", "train", "status", "tunnel", "cost", "runs"} <= set(commands), shown.stdout
+    commands = help_commands(shown.stdout)
+    assert {"up", "configure", "train", "status", "tunnel", "cost", "runs"} <= commands, shown.stdout
     assert "sandbox" not in commands, shown.stdout
     sandbox = _run([str(venv / "bin" / "python"), "-c", "import forja_sandbox"], _env(), cwd=outside)
     assert sandbox.returncode != 0 and "pip install 'forja[sandbox]'" in sandbox.stderr, sandbox.stderr

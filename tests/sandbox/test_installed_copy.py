@@ -19,7 +19,7 @@ import zipfile
 from pathlib import Path
 
 import yaml
-from installed_wheel import REPO, Installed, shipped_content
+from installed_wheel import REPO, Installed, help_commands, shipped_content
 
 from forja_sandbox.compute_emulator import ComputeEmulator
 
@@ -66,8 +66,7 @@ def test_the_installed_forja_is_the_wheels_and_finds_its_content(installed_forja
                                                                  "_collection")
     shown = _run([str(installed_forja.bin / "forja"), "--help"], tmp_path, installed_forja.env())
     assert shown.returncode == 0, shown.stdout[-3000:] + shown.stderr[-3000:]
-    listed = shown.stdout.split("\nCommands:\n", 1)[-1].splitlines()  # click's plain help: "  NAME  text"
-    commands = {line.split()[0] for line in listed if line.startswith("  ") and not line.startswith("   ")}
+    commands = help_commands(shown.stdout)
     assert {"init", "up", "configure", "train", "status", "tunnel", "runs"} <= commands, shown.stdout
 
 

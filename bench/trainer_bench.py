@@ -1,19 +1,34 @@
 """What the trainer's loop costs over a bare hand-written PyTorch loop, and what a run pays to its first step.
 
-Run on demand (not a test), on a quiet machine:
-``python bench/trainer_bench.py [--data digits|mnist] [--rounds 9] [--threads 1]``.
-Both variants train the same model on the same data with the same batch, precision, steps and
-update (AdamW, the warm-up LR, gradient clipping at ``--grad-clip``, which a person's loop for the
-same training writes too), in one process, A-B-B-A per round so a linear drift of a shared
-machine's speed hits both alike; throughput is timed between a warm-up step and the last step of
-each block (setup, final checkpoint and evaluation are outside the window). The trainer runs with
-everything else on: resumable sampler, AMP, per-interval metrics and progress line, the divergence
-check, the checkpoint timer and the SIGTERM agreement. Goal: under 3 % slower on CPU.
+Run on demand (not a test): ``python bench/trainer_bench.py [--data digits|mnist] [--rounds 15]
+[--threads 1] [--design paired|abba] [--malloc-256m]``. Both variants train the same model on the
+same data with the same batch, precision, seed and update (AdamW, the warm-up LR, gradient clipping
+at ``--grad-clip``, which a person's loop for the same training writes too), in one process. The
+trainer runs with everything else on: resumable sampler, AMP, per-interval metrics and progress
+line, the divergence check, the checkpoint timer and the SIGTERM agreement; setup, the final
+checkpoint and evaluation are outside the timed steps. Goal: under 3 % slower on CPU.
+
+The design (``--design``): by default the loops take turns step by step (``paired``): the trainer's
+``on_step`` runs one step of the bare loop, so each trainer step sits between two bare steps and a
+burst of another tenant's work hits both alike; each round is one such run of ``--steps`` steps.
+``abba`` runs whole blocks, bare-trainer-trainer-bare per round, which cancels only a linear drift:
+on this shared 2-core machine (host tests beside it, load 2-4.6) its intervals were 5-26 points wide
+in 6 runs, the paired design's 1-6.5 in 6 (trainer/README.md, "Measured"). Taking turns leaves each
+step's caches to the other loop's step: both loops pay that alike, and the trainer's own work runs
+no warmer than it would alone.
 
 Why one thread by default: at torch's default (2 threads on a 2-core machine) the rounds ranged from
 0.36x to 2.76x, which is noise, not a measurement. The verdict is read from a distribution-free
 confidence interval of the median per-round ratio (order statistics, about 95 %): "met" or "NOT met"
 only when the whole interval is on one side of the goal, else "inconclusive" with the interval.
+
+Why many short rounds and not long ones: each round builds its models afresh, and an instance has a
+speed of its own. Two bare loops of the same seed, taking turns step by step in one process, differed
+by up to 7 % in median step time; with glibc's malloc kept from handing memory back to the system
+(``--malloc-256m``: no trim and no mmap under 256 MiB, what the environment's
+``MALLOC_TRIM_THRESHOLD_``/``MALLOC_MMAP_THRESHOLD_`` do) the same pairs stayed within about 2 %. So
+the interval narrows with more rounds (fresh instances), not more steps; round r seeds both loops
+with r. The malloc setting changes both loops alike: it is not the trainer's cost.
 
 Then launch to first step, in fresh processes: ``import torch``, the trainer's own imports, the data
 and the first optimizer (any torch program pays it: ``Optimizer.__init__`` imports ``torch._dynamo``
@@ -27,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import io
 import itertools
 import json
@@ -37,6 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -56,14 +73,25 @@ DATA = {
 
 REPO = Path(__file__).resolve().parents[1]
 LR, WARMUP = 1e-3, 5
+#: glibc's mallopt parameters (malloc.h): M_TRIM_THRESHOLD, M_MMAP_THRESHOLD.
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 
 
-def bare_loop(
-    model_fn, train_data, batch: int, steps: int, warm: int, precision: str, device: str, seed: int,
-    grad_clip: float,
-) -> list[float]:
+def keep_malloc_memory(threshold: int) -> None:
+    """What ``MALLOC_TRIM_THRESHOLD_=MALLOC_MMAP_THRESHOLD_=threshold`` does, from inside the process:
+    glibc keeps freed memory up to ``threshold`` for the next step instead of handing it back (and
+    faulting it in again). Both loops run under it alike."""
+    libc = ctypes.CDLL("libc.so.6")
+    if not (libc.mallopt(M_TRIM_THRESHOLD, threshold) == 1 == libc.mallopt(M_MMAP_THRESHOLD, threshold)):
+        raise SystemExit(f"--malloc-256m: glibc's mallopt refused a threshold of {threshold} bytes")
+
+
+def bare_steps(
+    model_fn, train_data, batch: int, precision: str, device: str, seed: int, grad_clip: float
+) -> Iterator[torch.Tensor]:
     """The loop a person writes by hand for the same training: shuffled index batches, autocast, AdamW
-    with a linear warm-up, clipping at ``grad_clip`` (0: none). Returns step times."""
+    with a linear warm-up, clipping at ``grad_clip`` (0: none). One optimizer step per ``next``, which
+    gives its loss."""
     torch.manual_seed(seed)
     model = model_fn().to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
@@ -71,12 +99,7 @@ def bare_loop(
     x, y = train_data.tensors
     order = torch.randperm(len(x))
     per_epoch = len(x) // batch
-    marks: list[float] = []
-    for step in range(steps):
-        if step >= warm:
-            if device == "cuda":
-                torch.cuda.synchronize()
-            marks.append(time.perf_counter())
+    for step in itertools.count():
         index = order[(step % per_epoch) * batch : (step % per_epoch + 1) * batch]
         inputs, targets = x[index].to(device, non_blocking=True), y[index].to(device, non_blocking=True)
         for group in optimizer.param_groups:
@@ -89,12 +112,32 @@ def bare_loop(
         amp.scaler.step(optimizer)
         amp.scaler.update()
         optimizer.zero_grad(set_to_none=True)
+        yield loss
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def bare_loop(
+    model_fn, train_data, batch: int, steps: int, warm: int, precision: str, device: str, seed: int,
+    grad_clip: float,
+) -> list[float]:
+    """:func:`bare_steps` run alone for ``steps`` steps; the times of the steps after ``warm``."""
+    loop = bare_steps(model_fn, train_data, batch, precision, device, seed, grad_clip)
+    marks: list[float] = []
+    for step in range(steps):
+        if step >= warm:
+            sync(device)
+            marks.append(time.perf_counter())
+        loss = next(loop)
     loss.item()  # the loop's only sync, as a real loop would report its loss
     marks.append(time.perf_counter())
     return [b - a for a, b in itertools.pairwise(marks)]
 
 
-def trainer_block(raw: dict, out: Path, steps: int, warm: int, device: str) -> list[float]:
+def trainer_block(raw: dict, out: Path, steps: int, warm: int, device: str, seed: int = 0) -> list[float]:
     """``trainer.train`` with every feature on; the times of its steps after ``warm``.
 
     The last step is left out: on_step(steps) comes after the final checkpoint and evaluation.
@@ -103,13 +146,38 @@ def trainer_block(raw: dict, out: Path, steps: int, warm: int, device: str) -> l
 
     def on_step(step: int) -> None:
         if warm <= step < steps:
-            if device == "cuda":
-                torch.cuda.synchronize()
+            sync(device)
             marks.append(time.perf_counter())
 
     with contextlib.redirect_stdout(io.StringIO()):  # the progress line is still formatted, just not shown
-        train(validate({**raw, "steps": steps, "out_dir": str(out)}), on_step=on_step)
+        train(validate({**raw, "steps": steps, "seed": seed, "out_dir": str(out)}), on_step=on_step)
     return [b - a for a, b in itertools.pairwise(marks)]
+
+
+def paired_block(
+    raw: dict, out: Path, steps: int, warm: int, device: str, seed: int, bare: Iterator[torch.Tensor]
+) -> tuple[list[float], list[float]]:
+    """``trainer.train`` with every feature on, and one step of ``bare`` after each of its steps (in
+    ``on_step``): the loops take turns step by step, so a burst of another tenant's work hits both
+    alike. Returns (the trainer's step times, the bare loop's), pair by pair, after ``warm``."""
+    mine: list[float] = []
+    theirs: list[float] = []
+    mark = [0.0]
+
+    def on_step(step: int) -> None:
+        sync(device)
+        if warm < step < steps:
+            mine.append(time.perf_counter() - mark[0])
+        if warm <= step < steps - 1:
+            began = time.perf_counter()
+            next(bare)
+            sync(device)
+            theirs.append(time.perf_counter() - began)
+        mark[0] = time.perf_counter()
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        train(validate({**raw, "steps": steps, "seed": seed, "out_dir": str(out)}), on_step=on_step)
+    return mine, theirs
 
 
 def throughput(step_times: list[float], batch: int, filtered: bool) -> float:
@@ -171,6 +239,15 @@ print(json.dumps({{"interpreter_s": t0 - began, "import_torch_s": t1 - t0, "trai
 """
 
 
+def ran(command: list[str], env: dict[str, str], cwd: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``command`` run to its end; a failure stops the bench with the command's own error output."""
+    done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=cwd)
+    if done.returncode:
+        said = " ".join(command[:4])
+        raise SystemExit(f"{said}... failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
+    return done
+
+
 def startup(data: str, threads: int, repeats: int) -> dict[str, float]:
     """Launch to first step, medians over fresh processes: the parts (the probe above) and the whole
     (``python -m trainer train``'s summary.json ``startup_s``: process start to the loop's first step)."""
@@ -182,15 +259,15 @@ def startup(data: str, threads: int, repeats: int) -> dict[str, float]:
         for i in range(repeats):
             probe = STARTUP_PROBE.format(threads=threads, module=module, name=name)
             command = [sys.executable, "-c", probe]
-            out = subprocess.run(command, env=env, check=True, capture_output=True, text=True)
+            out = ran(command, env)
             for key, value in json.loads(out.stdout.splitlines()[-1]).items():
                 parts.setdefault(key, []).append(value)
             run = Path(tmp) / f"run{i}"
-            subprocess.run(
+            ran(
                 [sys.executable, "-m", "trainer", "train", "--config", data, "--out", str(run),
-                 "--set", "steps=5", "--set", "lr_schedule.warmup_steps=0", "--set", "render_plots=false",
-                 "--set", "export_model=false", "--set", "log_every_steps=5"],
-                env=env, check=True, capture_output=True, cwd=tmp,
+                 "--set", "steps=5", "--set", "epochs=null", "--set", "lr_schedule.warmup_steps=0",
+                 "--set", "render_plots=false", "--set", "export_model=false", "--set", "log_every_steps=5"],
+                env, cwd=tmp,
             )  # fmt: skip
             whole.append(json.loads((run / "summary.json").read_text())["startup_s"])
     result = {key: statistics.median(values) for key, values in parts.items()}
@@ -212,26 +289,34 @@ def flops_per_sample(model_fn, train_data, batch: int, precision: str, device: s
 def loop_cost(
     args: argparse.Namespace, model_fn, train_data, raw: dict, device: str, precision: str
 ) -> None:
-    """The A-B-B-A rounds, their table and the verdict (the module docstring says how they are read)."""
+    """The rounds (step by step, or A-B-B-A blocks with ``--design abba``), their table and the verdict
+    (the module docstring says how they are read)."""
 
-    def bare(steps: int, seed: int) -> list[float]:
-        return bare_loop(
-            model_fn, train_data, args.batch, steps, args.warm, precision, device, seed, args.grad_clip
-        )
+    def bare(seed: int) -> Iterator[torch.Tensor]:
+        return bare_steps(model_fn, train_data, args.batch, precision, device, seed, args.grad_clip)
 
     raw_ratios, filtered_ratios, bare_speeds, full = [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         trainer_block(raw, Path(tmp) / "warmup", args.warm + 5, args.warm, device)  # imports, first calls
-        bare(args.warm + 5, 0)
+        bare_loop(model_fn, train_data, args.batch, args.warm + 5, args.warm, precision, device, 0,
+                  args.grad_clip)  # fmt: skip
         for r in range(args.rounds):
-            # A-B-B-A within a round cancels a linear drift of the machine's speed (other tenants)
             got: dict[str, list[list[float]]] = {"bare": [], "trainer": []}
-            for i, variant in enumerate(("bare", "trainer", "trainer", "bare")):
-                if variant == "bare":
-                    times = bare(args.steps, r)
-                else:
-                    times = trainer_block(raw, Path(tmp) / f"r{r}-{i}", args.steps, args.warm, device)
-                got[variant].append(times)
+            if args.design == "paired":
+                loop = bare(r)
+                for _ in range(args.warm):
+                    next(loop)
+                mine, theirs = paired_block(raw, Path(tmp) / f"r{r}", args.steps, args.warm, device, r, loop)
+                got["trainer"].append(mine)
+                got["bare"].append(theirs)
+            else:  # A-B-B-A within a round cancels a linear drift of the machine's speed (other tenants)
+                for i, variant in enumerate(("bare", "trainer", "trainer", "bare")):
+                    if variant == "bare":
+                        times = bare_loop(model_fn, train_data, args.batch, args.steps, args.warm, precision,
+                                          device, r, args.grad_clip)  # fmt: skip
+                    else:
+                        times = trainer_block(raw, Path(tmp) / f"r{r}-{i}", args.steps, args.warm, device, r)
+                    got[variant].append(times)
             for ratios, filtered in ((raw_ratios, False), (filtered_ratios, True)):
                 speed = {v: statistics.mean(throughput(t, args.batch, filtered) for t in got[v]) for v in got}
                 ratios.append(speed["trainer"] / speed["bare"])
@@ -240,10 +325,12 @@ def loop_cost(
 
     med_bare, med_full = statistics.median(bare_speeds), statistics.median(full)
     clip = f"clipping at {args.grad_clip:g}" if args.grad_clip else "no clipping"
+    malloc = ", malloc trim/mmap thresholds 256 MiB" if args.malloc_256m else ""
+    design = "rounds of the loops taking turns step by step" if args.design == "paired" else "A-B-B-A rounds"
     print(
         f"\ntrainer overhead benchmark: {args.data}, batch {args.batch}, {precision} on {device}, "
-        f"{args.steps} steps per block ({args.warm} warm-up), {args.rounds} A-B-B-A rounds, "
-        f"{torch.get_num_threads()} threads, AdamW + warm-up + {clip} in both loops"
+        f"{args.steps} steps per block ({args.warm} warm-up), {args.rounds} {design}, "
+        f"{torch.get_num_threads()} threads{malloc}, AdamW + warm-up + {clip} in both loops"
     )
     print(f"{'variant (stall-filtered)':<28} {'median samples/s':>17} {'min':>9} {'max':>9}")
     print(f"{'bare PyTorch loop':<28} {med_bare:>17,.0f} {min(bare_speeds):>9,.0f} {max(bare_speeds):>9,.0f}")
@@ -260,8 +347,8 @@ def loop_cost(
     if word == "inconclusive" and len(filtered_ratios) < 6:
         said += ", fewer than 6 rounds give no ~95% interval (use --rounds 6 or more)"
     elif word == "inconclusive":
-        said += (", the spread is wider than the margin to the goal (a quieter machine, --threads 1 "
-                 "or more --rounds narrow it)")  # fmt: skip
+        said += (", the spread is wider than the margin to the goal (a quieter machine, --threads 1, "
+                 "--malloc-256m or more --rounds narrow it)")  # fmt: skip
     print(said)
     fps = flops_per_sample(model_fn, train_data, args.batch, precision, device)
     achieved = fps * med_full
@@ -283,7 +370,7 @@ def loop_cost(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", choices=sorted(DATA), default="digits")
-    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--warm", type=int, default=10)
     parser.add_argument("--batch", type=int, default=64)
@@ -291,7 +378,13 @@ def main() -> None:
     parser.add_argument("--goal", type=float, default=0.03, help="the trainer's allowed cost (0.03: 3 %%)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)")
     parser.add_argument("--startup-runs", type=int, default=3, help="fresh processes timed (0: skip)")
+    parser.add_argument("--design", choices=("paired", "abba"), default="paired",
+                        help="paired: the loops take turns step by step; abba: whole blocks (docstring)")
+    parser.add_argument("--malloc-256m", action="store_true",
+                        help="glibc keeps up to 256 MiB of freed memory (both loops; see the docstring)")
     args = parser.parse_args()
+    if args.malloc_256m:
+        keep_malloc_memory(256 << 20)
     if args.threads:
         torch.set_num_threads(args.threads)
 

@@ -495,6 +495,25 @@ def _place(seen: dict[tuple[str, str], int], phase: str, func: Any) -> tuple[str
     return phase, str(func), seen[key] - 1
 
 
+def _observe(
+    mode: StepValues | OpCost, func: Any, args: Any, kwargs: dict[str, Any]
+) -> tuple[Any, tuple[str, str, int] | None]:
+    """What both dispatch modes do first with an op: run it, count the call in the mode's phase and,
+    for an op that runs a kernel, give its place in the step (None otherwise).
+
+    ``prim`` ops (``prim.device``: a fake tensor asked for its device by MemTracker, autocast or the
+    fake mode itself, about three a real op; a real tensor answers without dispatching) are neither
+    counted nor placed, so both modes count the same calls on fake and on real tensors.
+    """
+    out = func(*args, **kwargs)
+    if func.namespace == "prim":
+        return out, None
+    mode.calls[mode.phase] = mode.calls.get(mode.phase, 0) + 1
+    if not _runs_kernel(func, out):
+        return out, None
+    return out, _place(mode.seen, mode.phase, func)
+
+
 class StepValues(TorchDispatchMode):
     """The tensors each op of a real training step was given, by :func:`_place`: what
     :class:`OpTimes` times the traced step's ops on, repeated to their shapes, in place of random
@@ -515,12 +534,8 @@ class StepValues(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        if func.namespace == "prim":
-            return out
-        self.calls[self.phase] = self.calls.get(self.phase, 0) + 1
-        if _runs_kernel(func, out):
-            place = _place(self.seen, self.phase, func)
+        out, place = _observe(self, func, args, kwargs)
+        if place is not None:
             # kept, not copied: an in-place op after this one changes them a little, a copy of
             # every weight for every op that reads it would cost gigabytes on a large model
             self.args[place] = [t.detach() for t in op_tensors(args)]
@@ -613,15 +628,9 @@ class OpCost(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        if func.namespace == "prim":
-            # ``prim.device``: a fake tensor asked for its device (MemTracker, autocast, the fake
-            # mode itself), about three a real op; a real tensor answers without dispatching
+        out, place = _observe(self, func, args, kwargs)
+        if place is None:
             return out
-        self.calls[self.phase] = self.calls.get(self.phase, 0) + 1
-        if not _runs_kernel(func, out):
-            return out
-        place = _place(self.seen, self.phase, func)
         outs = out if isinstance(out, list | tuple) else (out,)
         packet = func.overloadpacket
         flops = 0.0

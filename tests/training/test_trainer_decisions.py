@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 import yaml
 from trainer_helpers import tiny_digits
 
-from trainer import run_folder
+from trainer import metrics, run_folder
 from trainer.checkpoint import CheckpointManager
 from trainer.config import validate
 from trainer.data import choose_workers
@@ -77,6 +78,25 @@ def test_progress_line_reads_like_a_sentence() -> None:
         "step 120/400 | loss 0.3120 | lr 1.80e-03 | 11,234 samples/s | data wait 2% | gpu 9.1 GB 97% | "
         "cpu 35% | $0.01 | eta 1m 10s"
     )
+
+
+def test_the_cpu_figure_is_read_at_most_once_a_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    now, reads = [0.0], []
+    real = metrics.psutil.cpu_percent
+
+    def cpu_percent(interval: float | None = None) -> float:
+        reads.append(now[0])
+        return real(interval)
+
+    monkeypatch.setattr(metrics, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    monkeypatch.setattr(metrics.psutil, "cpu_percent", cpu_percent)
+    window = metrics.CPU_WINDOW_S
+    figures = []
+    for at in (1e9, 2e9, 2e9 + window / 2, 2e9 + window):  # past any earlier read, then inside a window
+        now[0] = at
+        figures.append(metrics.cpu_utilisation())
+    assert reads == [1e9, 2e9, 2e9 + window]
+    assert figures[2] == figures[1]  # inside the window: that window's figure again
 
 
 def test_progress_line_shows_a_short_run_s_figures_for_people() -> None:

@@ -64,7 +64,8 @@ def status_of(gcc: GoogleCloudCompute, name: str) -> str:
 
 
 def test_googles_client_queues_a_flex_start_vm_that_runs_then_ends_at_its_max_run_duration(emulator, gcc):
-    emulator.configure_project(PROJECT, flex_start_wait_s=1.0)
+    # queued 3 s: the two looks below fit in it (after 1 s, a loaded machine once saw it RUNNING)
+    emulator.configure_project(PROJECT, flex_start_wait_s=3.0)
     vm = flex_instance("flex", run_s=3)
     insert = gcc.instances.insert(project=PROJECT, zone=ZONE, instance_resource=vm)
     assert status_of(gcc, "flex") == "PENDING"  # queued for capacity; the insert still runs

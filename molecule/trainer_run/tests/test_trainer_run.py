@@ -128,6 +128,13 @@ def test_the_projects_requirements_run_in_an_environment_named_by_their_hash(hos
     assert host.run(f"{python} -m pip check").rc == 0
 
 
+def scenario_vars() -> dict:
+    """The variables molecule.yml gives every host of this scenario."""
+    scenario = Path(__file__).resolve().parents[1]
+    inventory = yaml.safe_load((scenario / "molecule.yml").read_text())["provisioner"]["inventory"]
+    return inventory["group_vars"]["all"]
+
+
 def test_a_bad_requirements_file_stops_before_the_run_and_leaves_nothing(host, tmp_path) -> None:
     """Bad input, on th3 only: a second play with an unresolvable requirements.txt and a new run name."""
     if name(host) != "th3":
@@ -148,7 +155,8 @@ def test_a_bad_requirements_file_stops_before_the_run_and_leaves_nothing(host, t
         "vars": {"trainer_run_config": str(eph / "digits-2node.yaml"), "trainer_run_name": "digits-badreq",
                  "trainer_run_trainer_src": str(eph / "trainer"), "trainer_run_project_dir": str(project),
                  "trainer_run_bundle_cache": str(eph / "bundles"), "trainer_run_wait": False,
-                 "trainer_run_pip_extra_args": "--find-links /var/cache/forja-pip/wheelhouse"},
+                 # molecule.yml's: other pip arguments would make th3 build its environment again
+                 "trainer_run_pip_extra_args": scenario_vars()["trainer_run_pip_extra_args"]},
         "roles": ["forja.gpu.trainer_run"]}]))
     repo = Path(os.environ["MOLECULE_PROJECT_DIRECTORY"])
     run = subprocess.run(

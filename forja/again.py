@@ -2,15 +2,19 @@
 
 Why a module of its own, above training, managed and vertex: the snapshot (forja/snapshot.py, in the
 core) says what ran and puts its code back, from a temporary worktree when the project has moved on;
-sending is the features' work, and each way of sending takes the same snapshot. The worktree lives
-while the run is sent, and for a managed run while it is watched; a recovery that must send the run
-again (a zone move) puts it back from the snapshot once more (forja.managed keeps "again": RUN),
-since a watcher started again later (`forja watch`) outlives this process's temporary folders.
+sending is the features' work, and each way of sending takes the same snapshot. What is sent is
+decided once, by `sending`, before anything is sent (the tests read its decision directly). The
+worktree lives while the run is sent, and for a managed run while it is watched; a recovery that must
+send the run again (a zone move) puts it back from the snapshot once more (forja.managed keeps
+"again": RUN and `managed.resent` reads it), since a watcher started again later (`forja watch`)
+outlives this process's temporary folders.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from forja import managed, snapshot, training
@@ -18,12 +22,38 @@ from forja.runs import TrainResult, new_run_id
 from forja.session import Session
 
 
-def _sent(plan: snapshot.Again, backend: str, name: str | None, train: dict[str, Any]) -> dict[str, Any]:
-    """`Forja.train`'s keywords: the snapshot's, then the caller's (its -e variables over the run's)."""
-    how = {**plan.keywords(backend), "name": name or new_run_id(plan.name_source)}
-    if "extravars" in how:
-        how["extravars"] = {**how["extravars"], **(train.pop("extravars", None) or {})}
-    return {**how, **train}
+@dataclass(frozen=True)
+class Sending:
+    """A run sent again, as decided before anything is sent.
+
+    `keywords` are `Forja.train`'s (or `train_managed`'s); their config and project may lie in
+    temporary folders, which live only while `sending`'s context does. `said`: where the code comes
+    from, for people."""
+
+    said: str
+    keywords: dict[str, Any]
+
+
+@contextlib.contextmanager
+def sending(
+    session: Session,
+    run: str,
+    *,
+    backend: str = "vm",
+    name: str | None = None,
+    train: Mapping[str, Any] | None = None,
+) -> Iterator[Sending]:
+    """What sending run `run` again sends: its snapshot's config (the copy kept with it), script,
+    arguments, project (its commit and uncommitted changes in a temporary worktree when the project
+    differs), exclusions, processes, hooks and -e variables; then the caller's `train` keywords over
+    them, its -e variables over the run's. `name`, else a new one from the run's config or script.
+    A Vertex AI job of a run sent with hooks or -e variables is refused (snapshot.Again.keywords)."""
+    given = dict(train or {})
+    with snapshot.again(session, run) as plan:
+        how = {**plan.keywords(backend), "name": name or new_run_id(plan.name_source)}
+        if "extravars" in how:
+            how["extravars"] = {**how["extravars"], **(given.pop("extravars", None) or {})}
+        yield Sending(plan.said, {**how, **given})
 
 
 def train_again(
@@ -43,10 +73,10 @@ def train_again(
 
     Example: Forja().train_again("digits-1", backend="vertex", vertex=VertexOptions(bucket="gs://b"))
     """
-    with snapshot.again(session, run) as plan:
+    with sending(session, run, backend=backend, name=name, train=train) as sent:
         if train.get("say") is not None:
-            train["say"](plan.said)
-        return training.train(session, backend=backend, **_sent(plan, backend, name, train))
+            train["say"](sent.said)
+        return training.train(session, backend=backend, **sent.keywords)
 
 
 def train_managed_again(
@@ -65,8 +95,8 @@ def train_managed_again(
     Example: Forja().train_managed_again("digits-1", fallback_zones=["us-east1-b"])
     """
     managed.checked_request(fallback_zones, train.get("budget"))  # before a worktree is made
-    with snapshot.again(session, run) as plan:
-        say(plan.said)
-        how = _sent(plan, "vm", name, train)
+    with sending(session, run, name=name, train=train) as sent:
+        say(sent.said)
+        how = dict(sent.keywords)
         return managed.train_managed(session, how.pop("config"), fallback_zones=fallback_zones, say=say,
                                      again=run, **how)

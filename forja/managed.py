@@ -22,7 +22,9 @@ What it does each poll (playbooks/observe.yml reads the VM; changes nothing):
 - a budget is spent (restarts, seconds down, dollars spent while down): stop trying, saying which.
 
 Every transition goes into the run's history (`History.record_event`): preempted, restarted,
-zone moved, gave up, with the zone, the seconds down and the money spent while down.
+zone moved, gave up, with the zone, the seconds down and the money spent while down. Restarted and
+zone moved reopen a run whose preemption was recorded as its end (`history.BACK_EVENTS`), so the run
+ends, and its cost is settled, where it really ends, less the time down counted here.
 
 Two watchers of one run would fight (both restart, both move): a lock file per run lets only one
 watch; a second says which process holds it.
@@ -36,7 +38,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -460,13 +462,8 @@ class Watcher:
         """Send the run again on the VM a move made: it resumes from its newest checkpoint in the
         bucket; then the runs of the old VM's queue (`mirrored_queue`). A sweep's watcher sends each of
         its trials that were on that VM instead (they were its queue)."""
-        how = {**self.state.train, "name": self.state.run, "wait": False}
-        again = how.pop("again", None)
-        if again is None:
+        with resent(self.session, self.state.run, self.state.train) as how:
             training.train(self.session, **how)
-        else:  # its code and config put back from the snapshot, as when it was first sent
-            with snapshot.again(self.session, again) as plan:
-                training.train(self.session, **{**plan.keywords(), **how})
         self._restore_queue(self.mirrored_queue)
 
     def _move(self, vm: InstanceState, decision: Decision) -> None:
@@ -517,6 +514,33 @@ class Watcher:
         sent = run_queue.restore(self.session, entries, training.train, skip=self.state.run, say=self.say)
         if sent:
             self._event("queue_restored", runs=sent)
+
+
+def to_send_again(sent: Mapping[str, Any], again: str | None = None) -> dict[str, Any]:
+    """What a managed run's watcher keeps of how the run was sent (`train`'s keywords), to send it again
+    after a zone move: the same run resumed, never a second replacement (no wait, name, cancel, on_event
+    nor replace; `resent` sets the name). A run sent from a snapshot (`again`, forja.again) keeps that
+    run's name instead of its config and project, which lived in temporary folders gone by then."""
+    how = {k: v for k, v in sent.items() if k not in ("wait", "name", "cancel", "on_event", "replace")}
+    if again is None:
+        return how
+    return {**{k: v for k, v in how.items() if k not in ("config", "project")}, "again": again}
+
+
+@contextlib.contextmanager
+def resent(session: Session, run: str, kept: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+    """`train`'s keywords that send run `run` again on the VM a zone move made, from what its watcher
+    kept (`to_send_again`): under its own name, not waited for; it resumes from its newest checkpoint in
+    the bucket. A run kept as sent from a snapshot gets its config and code put back from there, as when
+    it was first sent (forja.snapshot.again: a temporary worktree of its commit and patch while the
+    context lives), under the options it was sent with, the caller's -e variables among them."""
+    how = {**kept, "name": run, "wait": False}
+    again = how.pop("again", None)
+    if again is None:
+        yield how
+        return
+    with snapshot.again(session, again) as plan:
+        yield {**plan.keywords(), **how}
 
 
 def checked_request(fallback_zones: Sequence[str], budget: RecoveryBudget | None) -> RecoveryBudget:
@@ -611,9 +635,5 @@ def train_managed(
     sent = {"config": str(config) if config else None, **train, "wait": False}
     result = training.train(session, **sent)
     say(f"run {result.run_id} started; watching it")
-    # what a recovery sends again: the same run resumed, never a second replacement
-    how = {k: v for k, v in sent.items() if k not in ("wait", "name", "cancel", "on_event", "replace")}
-    if again is not None:  # temporary folders, gone by then: the snapshot puts them back
-        how = {**{k: v for k, v in how.items() if k not in ("config", "project")}, "again": again}
-    return watch(session, result.run_id, fallback_zones=fallback_zones, budget=budget, train=how,
-                 poll_s=poll_s, say=say)
+    return watch(session, result.run_id, fallback_zones=fallback_zones, budget=budget,
+                 train=to_send_again(sent, again), poll_s=poll_s, say=say)

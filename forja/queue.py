@@ -7,7 +7,8 @@ queue is the host's, kept as files beside its run folders and driven by systemd
 what is sent (a priority that is an integer, a GPU memory that parses and fits the GPU), before
 anything is; lists the queue from the runs' states (each queued run's `queue` in forja-train-state's
 document); asks the hosts to cancel or move a run (playbooks/train_queue.yml); and, after a managed
-run's zone move, sends the queue the old VM mirrored to the bucket again to the new one (`restore`).
+run's zone move, sends the queue the old VM mirrored to the bucket again to the new one (`restore`;
+what each run is sent with is decided by `requeued`, read directly by the tests).
 
 A queued run with no declared peak gets the trainer's own plan of its config (`forja plan`'s kept
 plan, the one the estimate before `forja train` makes) as its planned peak: no second estimator. The
@@ -23,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -251,7 +252,7 @@ def mirrored(session: Session, host: str) -> list[dict[str, Any]]:
     return [e for e in document.get("entries") or [] if isinstance(e, dict) and e.get("run")]
 
 
-def resend(entry: dict[str, Any]) -> dict[str, Any]:
+def resend(entry: Mapping[str, Any]) -> dict[str, Any]:
     """The queue keywords of `train` that put a mirrored entry back in its place: its priority, its
     timeout and its peak as its host took it (a declared or planned one is sent; one the host read from
     the run spec or an earlier run, the new host reads again). A run that was waiting keeps when it was
@@ -269,27 +270,39 @@ def resend(entry: dict[str, Any]) -> dict[str, Any]:
     return how
 
 
+@contextlib.contextmanager
+def requeued(session: Session, entry: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+    """`train`'s keywords that queue a mirrored entry again on the VM a zone move made: the run's
+    snapshot (its config, code, script, arguments, exclusions, processes, hooks and -e variables:
+    forja.snapshot.again, whose temporary worktree of the run's commit and patch, when the project
+    moved on, lives while the context does), under its own name, not waited for, with the consent it
+    was first sent with (`yes`), and its place in the queue (`resend`). A run with no snapshot in this
+    history, or whose commit is gone, is refused there (a ForjaError) before anything is sent."""
+    from forja import snapshot
+
+    run = str(entry["run"])
+    with snapshot.again(session, run) as again:
+        yield {**again.keywords(), "name": run, "wait": False, "yes": True, **resend(entry)}
+
+
 def restore(
     session: Session, entries: list[dict[str, Any]], send: Callable[..., Any], *, skip: str | None = None,
     say: Callable[[str], None] = print,
 ) -> list[str]:
-    """Send each mirrored entry again, in order, as a queued run with its original options (its
-    snapshot: the same config, code, script, arguments, hooks and -e variables, forja.snapshot.again)
-    and its place in the queue (`resend`); those that were running resume from their checkpoints in the
-    bucket once the new VM's queue admits them. `skip`: the run the watcher already sent again. A run
-    that cannot be sent again (no snapshot, its commit gone) is said and left out; the others still go.
-    Returns the runs sent. `send` is `forja.training.train` (passed in by the watcher, a layer above both)."""
-    from forja import snapshot
-
+    """Send each mirrored entry again, in order, as a queued run with its original options and its
+    place in the queue (`requeued` decides what goes); those that were running resume from their
+    checkpoints in the bucket once the new VM's queue admits them. `skip`: the run the watcher already
+    sent again. A run that cannot be sent again (no snapshot, its commit gone, refused by `send`) is
+    said and left out; the others still go. Returns the runs sent, each with a "queue_restored" event.
+    `send` is `forja.training.train` (passed in by the watcher, a layer above both)."""
     sent: list[str] = []
     for entry in entries:
         run = str(entry["run"])
         if run == skip:
             continue
         try:
-            with snapshot.again(session, run) as again:
-                how = again.keywords()
-                send(session, how.pop("config"), **how, name=run, wait=False, yes=True, **resend(entry))
+            with requeued(session, entry) as how:
+                send(session, **how)
         except errors.ForjaError as exc:
             say(f"queued run {run} was not sent again: {exc.message.splitlines()[0]}")
             continue

@@ -5,7 +5,10 @@ th6 halted and booted again with its disk (testhosts.stop, then up with the same
 that is stopped and started keeps its boot disk. The runs are the digits demo: one long enough to
 outlast the drill (cancelled at the end, which must free its slot), and three as long queued
 behind it (cancelled in turn once the first of them has started). None declares its GPU memory,
-so each takes the GPU alone: the three wait in order.
+so each takes the GPU alone: the three wait in order. The third is a run a zone move brought back
+(issue 32): the managed watcher's own restore (forja.queue.restore, with forja's real train) sends
+its entry as the replaced VM mirrored it, first queued an hour ago there, and its wait goes on
+counting here: trainer_run_queue_queued_at through the role to the host's `forja_queue.py add`.
 The queue's rules themselves are proven in tests/training/test_queue.py.
 """
 
@@ -19,6 +22,8 @@ import pytest
 import yaml
 from apihosts import REPO, host_vars, ssh, write_inventory
 
+from forja import queue as run_queue
+from forja import snapshot, training
 from forja.api import Forja
 from forja.history import History
 from forja_sandbox import hostlayers, testhosts
@@ -66,12 +71,24 @@ def test_a_reboot_keeps_the_running_run_and_the_queued_ones_in_order(
     # The queue starts it at once (nothing holds the GPU) and it trains.
     until(lambda: on(th6, "sudo test -s /var/lib/forja/runs/q-running/metrics.jsonl"),
           "the queue did not start q-running")
-    for priority, name in zip((0, 0, 0), QUEUED, strict=True):
-        assert forja.train(digits(tmp_path, name, 10**6), name=name, queue=True, priority=priority,
-                           wait=False).status == "queued"
+    for name in QUEUED[:2]:
+        sent = forja.train(digits(tmp_path, name, 10**6), name=name, queue=True, wait=False)
+        assert sent.status == "queued"
+    moved = digits(tmp_path, "q-third", 10**6)  # its first send, on the VM the move replaced, left these
+    forja.history.start("q-third", name="q-third", config_path=str(moved))
+    snapshot.record(forja, "q-third", project=None, config=moved, options={
+        "script": None, "args": [], "excludes": [], "procs": None, "hooks": {}, "extravars": {}})
+    mirrored = {"run": "q-third", "seq": 7, "priority": 0, "gpu_memory_mib": None, "memory_source": None,
+                "timeout_s": 600, "enqueued_at": time.time() - 3600, "passed": 0, "admitted_at": None}
+    said: list[str] = []
+    assert run_queue.restore(forja, [mirrored], training.train, say=said.append) == ["q-third"], said
+    restored = [e.data["was"] for e in forja.history.events("q-third") if e.kind == "queue_restored"]
+    assert restored == ["queued"], restored
     before = forja.queue()
     assert [(r.run, r.state) for r in before] == [("q-running", "running"), ("q-first", "queued"),
                                                    ("q-second", "queued"), ("q-third", "queued")]
+    waited = {r.run: r.waited_s or 0 for r in before}
+    assert waited["q-third"] >= 3600 > waited["q-first"], before  # its wait kept over the move
 
     testhosts.stop(th6.index)  # the reboot: the guest shuts down (the run checkpoints), the disk stays
     testhosts.up(th6.index, image="dlvm", over=hostlayers.trainer_env())

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -165,27 +165,37 @@ def settle(
 ) -> Any | None:
     """Price a run that has ended, once, and store its cost in the history: the figure every view shows.
 
-    Called wherever forja learns that a run ended (following it, `forja status`, the train playbook's
-    record of a site.yml run, a Vertex job's end). A run `forja train` sent was priced as it was sent
-    (`price_run` from the VM records the play published), so this reads no inventory; otherwise the
-    first call records the rate (`price_run`: the run's VMs from `instances` or the inventory, else the
-    run's own price_per_hour, or 0 on the user's own machine). Each call writes ``cost_usd`` =
-    `run_cost` at the run's end, so a later fetch or a second look only recomputes the same figure. A
-    run still going on, or one with no rate known, is left as it is; returns the RunCost, or None then.
-    """
+    Called where forja learns that a run ended: where its results are fetched (`forja fetch`, and
+    following a run to its end, which fetches it), else where its end is seen without a fetch (`forja
+    status`, `forja stop`, a sweep's look, the train playbook's record of a site.yml run, a Vertex
+    job's end). A run is settled once per end: a ``settled`` history event records the figure and the
+    end it was settled at, and a later call for that end (a look after the fetch, a second fetch)
+    changes nothing. Once a rate is recorded the figure depends on the run's span and outages, never on
+    its fetched files, so a second settle could only write the same figure again.
+
+    A run `forja train` sent was priced as it was sent (`price_run` from the VM records the play
+    published), so this reads no inventory; otherwise the first call records the rate (`price_run`: the
+    run's VMs from `instances` or the inventory, else the run's own price_per_hour, or 0 on the user's
+    own machine); the run's config is its fetched one, else the one it was sent with (`_files`), so a
+    fetch that failed still leaves a cost. Returns the RunCost it settled now; None for a run still
+    going on, one with no rate known (its fetch may price it later, from its config), or one already
+    settled at this end, however that end is written since (the history holds its figure:
+    `settled_cost`)."""
     from forja.cost.run import Pricing, priced
 
     record = session.history.get(run_id)
     if not record.ended_at:
         return None
     history = session.history.events(run_id)
+    if _settled_at_end(history, record) is not None:
+        return None
     files = _files(session, record)
     pricing = Pricing.recorded(history, record.started_at)
     if pricing is None:
         own: list[str] = []
         # The inventory is read once per run: a run its hosts cannot price (no machine type, not the
         # user's own machine) is marked, and later looks try only its fetched config's price_per_hour.
-        looked = _unpriced_since(history, record.started_at)
+        looked = bool(_since(history, UNPRICED_EVENT, record.started_at))
         if instances is None and session.inventory and not looked:
             with contextlib.suppress(errors.ForjaError):
                 instances, own, _ = inventory.gcp_instances(inventory.required(session.inventory))
@@ -198,24 +208,72 @@ def settle(
         history = session.history.events(run_id)
     found = priced(record, history, files, pricing, datetime.now(timezone.utc))
     session.history.update(run_id, cost_usd=found.cost_usd)
+    session.history.record_event(run_id, SETTLED_EVENT, cost_usd=found.cost_usd, ended_at=record.ended_at)
     return found
+
+
+def settled_cost(history: Any, run_id: str) -> float | None:
+    """The run's cost as `settle` stored it at the run's end; None while it is not settled (the run goes
+    on, ended with no rate known, or is not in `history`).
+
+    Why not the history's ``cost_usd`` alone: while a followed run trains, that column holds the
+    trainer's live count ("cost so far"); only a ``settled`` event of the run's current end says the
+    figure is the run's cost."""
+    try:
+        record = history.get(run_id)
+    except errors.RunNotFound:
+        return None
+    event = _settled_at_end(history.events(run_id), record) if record.ended_at else None
+    value = event.data.get("cost_usd") if event is not None else None
+    return float(value) if isinstance(value, int | float) else None
 
 
 #: A history event: the inventory was read to price the run and gave no rate (read once per run).
 UNPRICED_EVENT = "unpriced"
+#: A history event: the run's cost settled at its end (its `cost_usd`, and the `ended_at` it is for).
+SETTLED_EVENT = "settled"
 
 
-def _unpriced_since(history: Sequence[Any], started_at: str | None) -> bool:
-    """Whether the run (the one that started at `started_at`, not an earlier one of its name) was
-    already found to have no rate in the inventory."""
-    start = datetime.fromisoformat(started_at) if started_at else None
-    return any(e.kind == UNPRICED_EVENT and (start is None or datetime.fromisoformat(e.time) >= start)
-               for e in history)
+#: Two ends of a run closer than this are one end written in two forms: the history writes times to
+#: the second (forja.history.now), and a host or another writer may give the same instant with another
+#: precision, offset or "Z". Two real ends of a run (a preemption, then its end) are minutes apart.
+SAME_END_S = 1.0
+
+
+def _since(history: Sequence[Any], kind: str, started_at: str | None) -> list[Any]:
+    """The run's events of `kind` since it started, not an earlier run's under its name (History.start
+    keeps those when a new run takes the name)."""
+    from forja.cost.spend import parse_time
+
+    start = parse_time(started_at) if started_at else None
+    return [e for e in history if e.kind == kind and (start is None or parse_time(e.time) >= start)]
+
+
+def _settled_at_end(history: Sequence[Any], record: Any) -> Any | None:
+    """The ``settled`` event of the run's current end, when it was settled at it: the same instant,
+    however the end was written since (`_same_end`). A later end (the run went on after a preemption)
+    is a new end, settled again there."""
+    return next((e for e in reversed(_since(history, SETTLED_EVENT, record.started_at))
+                 if _same_end(e.data.get("ended_at"), record.ended_at)), None)
+
+
+def _same_end(settled_at: Any, ended_at: str) -> bool:
+    """Whether a ``settled`` event's end is the record's end: compared as instants, not as text."""
+    from forja.cost.spend import parse_time
+
+    if settled_at == ended_at:
+        return True
+    if not isinstance(settled_at, str):
+        return False
+    try:
+        return abs((parse_time(settled_at) - parse_time(ended_at)).total_seconds()) < SAME_END_S
+    except ValueError:
+        return False
 
 
 def price_run(
     session: Session, record: Any, instances: Sequence[Mapping[str, Any]], *, files: Any = None,
-    own: Sequence[str] = (),
+    own: Sequence[str] = (), no_vm: str | None = None,
 ) -> Any | None:
     """The rate `record`'s run is priced at, recorded with it once (a ``priced`` history event): the one
     place it is decided, when forja sends the run (forja.training, from the VM records the train
@@ -226,8 +284,9 @@ def price_run(
     move from us-east1 to europe-west4 would be about 10 % dearer), and a run has one rate, the one
     `forja cost --run` shows. Otherwise: `instances`' rate (the run's VMs and the rest of their
     cluster), else the run's own price_per_hour (`files`' config.yaml; None: not looked at), else 0
-    when its hosts are all the user's own machines (`own`). None, and nothing recorded, when no rate
-    is known: an odd record never fails the run's start or end.
+    when its hosts are all the user's own machines (`own`), or 0 when no VM was up for it: `no_vm` says
+    why (a send that never reached one, forja.training), so it shows 0 and why, never no figure. None,
+    and nothing recorded, when no rate is known: an odd record never fails the run's start or end.
     """
     from forja.cost.prices import PriceError, load_prices
     from forja.cost.run import PRICED_EVENT, Pricing, RunFiles
@@ -235,23 +294,44 @@ def price_run(
     kept = Pricing.recorded(session.history.events(record.run_id), record.started_at)
     if kept is not None:
         return kept
-    try:
-        pricing = Pricing.of(files or RunFiles.read(None), load_prices(None),
-                             _run_instances(session, record, instances))
-    except (PriceError, ValueError, TypeError, KeyError):
-        if not (record.hosts and set(record.hosts) <= set(own)):
-            return None
-        pricing = Pricing(0.0, "the user's own machine: no cloud price")
+    if no_vm is not None:
+        pricing = Pricing(0.0, no_vm)
+    else:
+        try:
+            pricing = Pricing.of(files or RunFiles.read(None), load_prices(None),
+                                 _run_instances(session, record, instances))
+        except (PriceError, ValueError, TypeError, KeyError):
+            if not (record.hosts and set(record.hosts) <= set(own)):
+                return None
+            pricing = Pricing(0.0, "the user's own machine: no cloud price")
     session.history.record_event(record.run_id, PRICED_EVENT, **pricing.as_dict())
     return pricing
 
 
 def _files(session: Session, record: Any) -> Any:
     """The run's fetched files: the folder the history recorded; a run recorded without one (site.yml's,
-    found on a host) may still have been fetched to the default place since (`forja fetch RUN`)."""
+    found on a host) may still have been fetched to the default place since (`forja fetch RUN`).
+
+    A run whose results did not come back (its fetch failed: the VM was unreachable or gone) keeps the
+    config it was sent with, as its snapshot holds it (forja.snapshot): a run on a host with no machine
+    type is priced at its config's price_per_hour, and its cost must not hang on a fetch. Its parts
+    (setup, compute, ...) wait for its files; its cost does not change when they come."""
+    import yaml
+
+    from forja import snapshot
     from forja.cost.run import RunFiles
 
-    return RunFiles.read(record.artifact_dir or session.read_results(record.run_id)[1])
+    files = RunFiles.read(record.artifact_dir or session.read_results(record.run_id)[1])
+    if files.config:
+        return files
+    sent = _since(session.history.events(record.run_id), snapshot.EVENT, record.started_at)
+    folder = sent[-1].data.get("folder") if sent else None
+    path = Path(str(folder)) / snapshot.CONFIG if folder else None
+    try:
+        config = yaml.safe_load(path.read_text()) if path is not None and path.is_file() else None
+    except (OSError, yaml.YAMLError):
+        config = None
+    return replace(files, config=config) if isinstance(config, dict) and config else files
 
 
 def _run_instances(

@@ -107,23 +107,30 @@ def _finish(
     summary: dict[str, Any] = dict(first.summary or {})
     fields: dict[str, Any] = {"status": first.status, "hosts": hosts, **summary_fields(summary)}
     artifact: Path | None = None
-    if first.status == "completed" and fetch:
-        fetch_run(session, name, checkpoints=checkpoints)
-        fetched, artifact = session.read_results(name)
-        summary = fetched or summary
+    fetched = first.status == "completed" and fetch
+    if fetched:  # the fetch settles the run's cost, with its files: the one place for a fetched run
+        try:
+            fetch_run(session, name, checkpoints=checkpoints)
+        except errors.ForjaError:
+            cost_report.settle(session, name)  # not fetched, its end is still priced
+            raise
+        results, artifact = session.read_results(name)
+        summary = results or summary
     if not last.ok:
         failed = (last.unreachable or last.failed_tasks or [None])[0]
         fields["message"] = f"{failed.host}: {failed.task}: {failed.message}" if failed else f"rc {last.rc}"
     if first.final:
         fields["ended_at"] = session.history.get(name).ended_at or now()
     session.history.update(name, **fields)
-    cost_report.settle(session, name)  # the run's cost, once it has ended: what every view shows
+    if not fetched:
+        cost_report.settle(session, name)  # the run's cost, once it has ended: what every view shows
     announce_end(session, name, first.status, hosts, fields.get("message"))
     if first.status == "diverged" and last.failed_tasks:
         failed = last.failed_tasks[0]
         raise errors.RunDiverged(failed.host, failed.task, failed.message, playbook=last.playbook)
     last.raise_for_status()
-    return TrainResult(name, first.status, hosts, summary, artifact, last)
+    return TrainResult.ended(session.history.get(name), cost_report.settled_cost(session.history, name),
+                             summary, artifact, last)
 
 
 def _detached(
@@ -241,7 +248,7 @@ def fetch_run(
     summary, artifact = session.read_results(name, target)
     with contextlib.suppress(errors.RunNotFound):
         session.history.update(name, artifact_dir=str(artifact or target), **summary_fields(summary))
-        cost_report.settle(session, name)  # an ended run fetched only now: priced with its files
+        cost_report.settle(session, name)  # an ended run: priced with its files, once (cost_report.settle)
     return RunResult(**{**result.__dict__, "artifact_dir": artifact or target})
 
 
@@ -254,6 +261,7 @@ def stop(session: Session, name: str, notify: str | bool | None = None) -> RunRe
     result = session.run("train_stop.yml", {"trainer_run_name": name})
     with contextlib.suppress(errors.RunNotFound):
         session.history.update(name, status="stopped", ended_at=now())
+        cost_report.settle(session, name)  # it ended here: the host's "stopped" later changes nothing
     announce(session, "run_stopped", name, f"run {name} was stopped (forja stop); it checkpointed")
     return result
 

@@ -5,11 +5,12 @@ a preempted VM or a failed play leaves a row that says so instead of nothing. La
 only update that row (`update`) or add to its event log (`record_event`); the cost guard
 records preemptions the same way.
 
-A row's status comes only from what a host reported (or from forja giving up on a play), never
-from elapsed time, so it stays true for runs of days. Runs that forja did not start (site.yml,
-`ansible-playbook playbooks/train.yml`, another controller) are added from the host's own state
-by `record_host_run`: the train playbook calls `python -m forja.record` on the
-controller, and `forja status` adds every run a host reports.
+A row's status comes only from what a host reported (or from forja giving up on a play, or the
+managed watcher bringing a preempted run's VM back: BACK_EVENTS), never from elapsed time, so it
+stays true for runs of days. Runs that forja did not start (site.yml, `ansible-playbook
+playbooks/train.yml`, another controller) are added from the host's own state by `record_host_run`:
+the train playbook calls `python -m forja.record` on the controller, and `forja status` adds every
+run a host reports.
 """
 
 from __future__ import annotations
@@ -60,6 +61,10 @@ CREATE TABLE IF NOT EXISTS run_events (
 );
 CREATE INDEX IF NOT EXISTS run_events_run ON run_events(run_id);
 """
+
+#: Events the managed watcher records when it brought a run's VM back: started again in its zone, or made
+#: again in another and the run sent again (forja/managed.py). The run goes on from its checkpoint.
+BACK_EVENTS = ("restarted", "zone_moved")
 
 #: Columns `update` may set (run_id and started_at never change).
 UPDATABLE = (
@@ -202,7 +207,14 @@ class History:
         return self.get(run_id)
 
     def record_event(self, run_id: str, kind: str, **data: Any) -> None:
-        """Append to a run's event log; kind "preempted" also counts a preemption and adds lost_steps."""
+        """Append to a run's event log; kind "preempted" also counts a preemption and adds lost_steps.
+
+        A BACK_EVENTS kind reopens a run recorded as ended "preempted" (a look at its host between the
+        Spot notice and the VM going down, `forja status` or the watcher's own): it is running again,
+        with no end, so its end is where it really ends and its cost (settled there, forja.cost_report)
+        covers every boot, less the time down the watcher counted, not only the part up to the
+        preemption; and a zone move's send finds it still going, so it keeps its first start
+        (`start`). The ``settled`` event of that interim end stays in its log."""
         with self._lock, self._connect() as db:
             if db.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
                 raise RunNotFound(f"run {run_id!r} is not in the history ({self.path})")
@@ -216,6 +228,9 @@ class History:
                     " WHERE run_id = ?",
                     (int(data.get("lost_steps") or 0), run_id),
                 )
+            elif kind in BACK_EVENTS:
+                db.execute("UPDATE runs SET status = 'running', ended_at = NULL"
+                           " WHERE run_id = ? AND status = 'preempted'", (run_id,))
 
     def record_host_run(
         self,

@@ -11,13 +11,13 @@ import hashlib
 import re
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from forja import errors, runstate
-from forja.history import now
+from forja.history import RunRecord, now
 from forja.runner import RunResult
 
 #: What a run name may be: the host contract's pattern (roles/host_contract), which trainer_run checks too.
@@ -82,6 +82,25 @@ class TrainResult:
     #: What of the config the controller could not check, imported only where the run starts
     #: ("model pkg.mod:net", forja.trainer_config.Judged); empty for a script or a run followed again.
     unchecked: tuple[str, ...] = ()
+    #: The run's cost (docs/cost-definition.md): its VMs' time for the run plus their disks, as the
+    #: history holds it once the run ended; the figure `forja runs` and every view show as "cost".
+    #: None while it runs or when no rate is known.
+    cost_usd: float | None = None
+    #: Of which training: the trainer's own count (its summary.json's cost_usd), a part of `cost_usd`
+    #: (forja.cost.run.RunCost.training_usd, the same name); never left in `summary` as a second cost.
+    training_usd: float | None = None
+
+    @classmethod
+    def ended(cls, record: RunRecord, cost_usd: float | None, summary: Mapping[str, Any],
+              artifact_dir: Path | None, playbook_result: RunResult | None = None) -> TrainResult:
+        """The result of a run that ended, as the history records it (status, hosts), with its settled
+        cost (forja.cost_report.settled_cost) and the trainer's summary less its own cost_usd, which
+        becomes `training_usd`."""
+        rest = dict(summary)
+        training = rest.pop("cost_usd", None)
+        training_usd = float(training) if isinstance(training, int | float) else None
+        return cls(record.run_id, record.status, list(record.hosts), rest, artifact_dir, playbook_result,
+                   cost_usd=cost_usd, training_usd=training_usd)
 
 
 def how_to_follow(run_id: str) -> str:

@@ -147,10 +147,20 @@ class TrialRow:
     params: dict[str, Any]
     values: list[float] | None
     state: str
+    #: The run's cost, settled at its end (docs/cost-definition.md): what `forja runs` shows for it.
+    #: None until then (it runs), or when no rate is known.
     cost_usd: float | None
     seconds: float | None
     reason: str = ""
     best: bool = False
+    #: Of which training: the trainer's own count (so far, while it runs), a part of the run's cost.
+    training_usd: float | None = None
+
+    @property
+    def counted_usd(self) -> float | None:
+        """What --max-usd counts for the trial: its cost once settled, else the trainer's own count so
+        far, a floor of it (the setup before the trainer, the fetch after it and the disk come on top)."""
+        return self.cost_usd if self.cost_usd is not None else self.training_usd
 
 
 @dataclass(frozen=True)
@@ -163,11 +173,14 @@ class SweepReport:
     directions: list[str]
     trials: list[TrialRow]
     best_runs: list[str]
+    #: What --max-usd counts: each trial's settled cost, else the trainer's own count so far (a floor).
     spent_usd: float
     driven_s: float
     stopped: str | None
     plots: list[str] = field(default_factory=list)
     folder: str = ""
+    #: The trials counted in spent_usd at the trainer's own count: not settled yet (or no rate known).
+    unsettled: int = 0
 
 
 def vm_budget(budget: managed.RecoveryBudget, trials: int) -> managed.RecoveryBudget:
@@ -244,8 +257,29 @@ def _attr(trial: Any, key: str, default: Any = None) -> Any:
 
 
 def spent_usd(study: optuna.Study) -> float:
-    """What every trial cost so far (each trial's newest cost, as its run reported it)."""
-    return float(sum(_attr(t, "cost_usd", 0.0) or 0.0 for t in study.get_trials(deepcopy=False)))
+    """What every trial cost so far, as --max-usd counts it (`TrialRow.counted_usd`): each ended run's
+    settled cost, and for a trial still running (or one whose run no rate prices) the trainer's own
+    count so far, a floor of its cost."""
+    return _spent(rows(study))
+
+
+def _spent(found: Sequence[TrialRow]) -> float:
+    return float(sum(row.counted_usd or 0.0 for row in found))
+
+
+#: What a trial's cost marked ≥ means, where `forja sweep status` and the dashboard show one.
+FLOOR_NOTE = ("cost: the trial's run as `forja runs` shows it, settled at its end; ≥ marks one not settled "
+              "yet, shown and counted by --max-usd at the trainer's own count so far, a floor")
+
+
+def cost_words(row: TrialRow) -> str:
+    """A trial's cost for people: the run's settled cost, else the trainer's count so far marked as a
+    floor ("≥0.5¢ training so far"), as `forja sweep status` and the dashboard show it."""
+    if row.cost_usd is not None:
+        return fmt.money(row.cost_usd)
+    if row.training_usd is not None:
+        return f"≥{fmt.money(row.training_usd)} training so far"
+    return "-"
 
 
 def over_budget(spec: SweepSpec, study: optuna.Study, driven_s: float) -> str | None:
@@ -481,8 +515,7 @@ class Driver:
         import optuna
 
         trial = entry.trial
-        if look.cost_usd is not None:
-            trial.set_user_attr("cost_usd", look.cost_usd)
+        _keep_costs(trial, look)
         if look.status in ("unknown", "queued"):
             entry.unseen_since = entry.unseen_since or time.monotonic()
             if look.status == "unknown" and time.monotonic() - entry.unseen_since > LOST_AFTER_S:
@@ -555,7 +588,9 @@ class Driver:
             entry.trial.report(float(value), step)
             entry.last_step, reported = step, float(value)
         if reported is not None and entry.trial.should_prune():
-            self.runner.stop(entry.run)
+            stopped = self.runner.stop(entry.run)
+            if stopped is not None:
+                _keep_costs(entry.trial, stopped)
             self._tell(entry, optuna.trial.TrialState.PRUNED,
                        reason=f"pruned at step {entry.last_step} ({self.prune_key} {reported:.4g})")
 
@@ -578,6 +613,15 @@ class Driver:
         except Exception as exc:  # the bucket is a copy: the study here goes on
             self.say(f"the study was not copied to the bucket ({type(exc).__name__}: {str(exc)[:120]}); "
                      "the next trial's end tries again")
+
+
+def _keep_costs(trial: Any, look: Look) -> None:
+    """The trial's costs as its run's look reports them (user attributes: the study is the sweep's
+    whole state): the trainer's own count so far, and the run's cost once it ended and was settled."""
+    if look.training_usd is not None:
+        trial.set_user_attr("training_usd", look.training_usd)
+    if look.cost_usd is not None:
+        trial.set_user_attr("cost_usd", look.cost_usd)
 
 
 def driving(spec: SweepSpec) -> contextlib.AbstractContextManager[None]:
@@ -609,7 +653,7 @@ def rows(study: optuna.Study) -> list[TrialRow]:
             values=list(t.values) if t.values is not None else None,
             state="running" if t.state == optuna.trial.TrialState.RUNNING else t.state.name.lower(),
             cost_usd=_attr(t, "cost_usd"), seconds=seconds, reason=_attr(t, "reason", ""),
-            best=t.number in best,
+            best=t.number in best, training_usd=_attr(t, "training_usd"),
         ))
     return found
 
@@ -676,7 +720,6 @@ def finish(spec: SweepSpec, study: optuna.Study, session: Session | None, *,
     plots = save_plots(study, spec.folder / "plots", say)
     best = best_numbers(study)
     found = rows(study)
-    best_runs = [r.run for r in found if r.number in best]
     marked = []
     for row in found:
         if row.number not in best:
@@ -693,8 +736,16 @@ def finish(spec: SweepSpec, study: optuna.Study, session: Session | None, *,
         for entry in marked:
             where = f"; its model: {entry['model']}" if entry["model"] else ""
             say(f"best: {entry['run']} {entry['params']} -> {entry['values']}{where}")
-    return SweepReport(spec.name, list(spec.metrics), list(spec.directions), found, best_runs,
-                       spent_usd(study), spec.driven_s, spec.stopped, plots, str(spec.folder))
+    return report_of(spec, found, plots)
+
+
+def report_of(spec: SweepSpec, found: list[TrialRow], plots: list[str]) -> SweepReport:
+    """The sweep's report from its trials' rows: what it spent as --max-usd counts it, and how many
+    trials that counts at the trainer's own figure (a floor: not settled yet)."""
+    return SweepReport(spec.name, list(spec.metrics), list(spec.directions), found,
+                       [r.run for r in found if r.best], _spent(found),
+                       spec.driven_s, spec.stopped, plots, str(spec.folder),
+                       unsettled=sum(r.cost_usd is None and r.training_usd is not None for r in found))
 
 
 # -- the verbs -------------------------------------------------------------------------------------
@@ -734,10 +785,11 @@ def sweep(
     managed watcher, or, when the VM is gone or its zone has no capacity, made again in the next of
     `fallback_zones` with its trials sent again (resuming from the bucket's checkpoints); `budget`
     (`forja.managed.RecoveryBudget`) bounds each trial's recoveries and each VM's time and money down.
-    One that cannot finish is told FAIL with why. `max_usd` (all trials' cost) and
-    `max_hours` stop new trials when reached. `local` runs the trials as trainer processes on this
-    machine instead (a CPU-sized sweep). `first` are values to try before the sampler's own (e.g. the
-    config's, `[{"lr": 0.002}]`; Optuna's enqueue_trial).
+    One that cannot finish is told FAIL with why. `max_usd` (the trials' costs: each its run's,
+    settled as it ends, as `forja runs` shows it; a trial not settled yet at the trainer's own count so
+    far, a floor) and `max_hours` stop new trials when reached. `local` runs the trials as trainer
+    processes on this machine instead (a CPU-sized sweep). `first` are values to try before the
+    sampler's own (e.g. the config's, `[{"lr": 0.002}]`; Optuna's enqueue_trial).
 
     The study is SQLite in forja's home (sweeps/NAME/), copied to gs://BUCKET/sweeps/NAME/ after each
     trial ends when the inventory has a bucket; `resume` picks it up after a laptop slept or died. At
@@ -823,7 +875,8 @@ def resume(session: Session, name: str, *, project: str | Path | None = None, po
 
 def status(session: Session, name: str | None = None) -> list[SweepReport]:
     """The sweeps kept here (newest first), or one: each trial's run, parameters, value, state, cost
-    and time, the best marked. Reads the studies only: no host is asked."""
+    (its run's, settled at its end; else the trainer's count so far, a floor) and time, the best
+    marked. Reads the studies only: no host is asked."""
     root = forja_home() / "sweeps"
     if name is not None:
         spec = SweepSpec.load(checked_sweep_name(name))
@@ -838,11 +891,8 @@ def status(session: Session, name: str | None = None) -> list[SweepReport]:
     reports = []
     for spec in specs:
         study = open_study(spec, create=False)
-        found_rows = rows(study)
         plots = sorted(str(p) for p in (spec.folder / "plots").glob("*.png"))
-        reports.append(SweepReport(spec.name, list(spec.metrics), list(spec.directions), found_rows,
-                                   [r.run for r in found_rows if r.best], spent_usd(study), spec.driven_s,
-                                   spec.stopped, plots, str(spec.folder)))
+        reports.append(report_of(spec, rows(study), plots))
     return reports
 
 

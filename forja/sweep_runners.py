@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -29,6 +29,8 @@ from forja.runs import config_hash, now
 
 #: Run statuses a queue reports for a run that waits its turn (the on-VM queue's words).
 WAITING = ("queued", "pending", "waiting")
+#: What a look says of a trial that is not over: still to run, running, not seen, or preempted (it resumes).
+GOES_ON = ("queued", "running", "unknown", "preempted")
 #: How long a trial sent ahead may wait in the VM's queue: the whole of the trial before it (the
 #: queue's own 10-minute default is for a run nobody watches; the sweep watches each of its trials).
 QUEUE_WAIT_S = 7 * 24 * 3600
@@ -53,11 +55,16 @@ class Look:
     last: dict[str, Any] = field(default_factory=dict)
     #: The run's summary once it ended (trainer.summary: eval_loss, accuracy, cost_usd, ...).
     summary: dict[str, Any] | None = None
-    cost_usd: float | None = None
+    #: Of which training: the trainer's own count so far (its newest metric line's, its summary's once
+    #: it ended), a part of the run's cost and a floor of it (docs/cost-definition.md).
+    training_usd: float | None = None
     reason: str = ""
     #: The metric lines seen, oldest first: all of them here, the journal's progress lines since the
     #: last look on a VM (`series_of`); the pruner compares trials at the same steps, so each is a report.
     series: tuple[dict[str, Any], ...] = ()
+    #: The run's cost once it ended and was settled (forja.cost_report.settled_cost): the figure every
+    #: view shows. None while it goes on, and for a run with no rate known.
+    cost_usd: float | None = None
 
 
 @dataclass(frozen=True)
@@ -93,8 +100,8 @@ class TrialRunner(Protocol):
     def look(self, runs: Sequence[str]) -> dict[str, Look]:
         """Each run's state now (one look for all of them)."""
 
-    def stop(self, run: str) -> None:
-        """Stop a run (a pruned trial): it checkpoints and ends."""
+    def stop(self, run: str) -> Look | None:
+        """Stop a run (a pruned trial): it checkpoints and ends; how it ended (its cost), when known."""
 
     def recover(self, run: str, slot: int) -> Recovery:
         """Bring a preempted run back from its own checkpoint, wait for its VM, or say why it cannot be."""
@@ -103,8 +110,9 @@ class TrialRunner(Protocol):
         """Where the run's exported model is on this machine (fetched if need be), or None."""
 
 
-def cost_of(last: Mapping[str, Any] | None, summary: Mapping[str, Any] | None) -> float | None:
-    """A run's cost so far: its summary's when it ended, else its newest metric line's."""
+def training_of(last: Mapping[str, Any] | None, summary: Mapping[str, Any] | None) -> float | None:
+    """The trainer's own count so far (its ``cost_usd``): its summary's when it ended, else its newest
+    metric line's. A part of the run's cost, never the run's cost (forja/cost/run.py says why)."""
     for source in (summary, last):
         value = (source or {}).get("cost_usd")
         if isinstance(value, int | float):
@@ -115,14 +123,16 @@ def cost_of(last: Mapping[str, Any] | None, summary: Mapping[str, Any] | None) -
 # -- here: trainer processes ---------------------------------------------------------------------
 class LocalRunner:
     """Trials as `python -m trainer train` children of this process, each in its run folder under
-    `root`; `parallel` at once (CPU cores are the "GPUs" here). The history records each run, so
-    `forja runs` lists them beside the VMs' runs."""
+    `root`; `parallel` at once (CPU cores are the "GPUs" here). The session's history records each run,
+    so `forja runs` lists them beside the VMs' runs, each priced at its end at its config's
+    price_per_hour (no VM: no disk), as every view prices a run."""
 
     ahead = 0
 
     def __init__(self, root: Path, *, parallel: int = 1, project: Path | None = None,
-                 history: Any = None) -> None:
-        self.root, self.parallel, self.project, self.history = root, parallel, project, history
+                 session: Any = None) -> None:
+        self.root, self.parallel, self.project, self.session = root, parallel, project, session
+        self.history = session.history if session is not None else None
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         self.configs: dict[str, Path] = {}
         #: Runs this runner stopped (pruned): their SIGTERM is the sweep's, not a preemption.
@@ -139,10 +149,10 @@ class LocalRunner:
 
     def start(self, run: str, config: Path, slot: int) -> None:
         self.configs[run] = config
-        self._launch(run)
-        if self.history is not None:
+        if self.history is not None:  # the run starts when forja records it, before the trainer starts
             self.history.start(run, name=run, config_path=str(config), config_hash=config_hash(config),
                                artifact_dir=str(self.folder(run)))
+        self._launch(run)
 
     def _launch(self, run: str) -> None:
         """The trainer on the run's config and folder: a fresh start, or a resume from its checkpoints."""
@@ -178,7 +188,7 @@ class LocalRunner:
             return Look("failed", step, last, reason="its trainer process belonged to an earlier session of "
                         "the sweep, which ended")
         if code is None:
-            return Look("running", step, last, cost_usd=cost_of(last, None), series=series)
+            return Look("running", step, last, training_usd=training_of(last, None), series=series)
         summary = _json(out / "summary.json")
         status = "completed" if code == COMPLETED else str((summary or {}).get("status") or "failed")
         if status == "completed" and code != COMPLETED:
@@ -190,21 +200,26 @@ class LocalRunner:
         if run in self.children:
             self.children.pop(run)
             (out / "exit_code").write_text(str(code))
-            self._record(run, status, step, cost_of(last, summary))
-        return Look(status, step, last, summary, cost_of(last, summary), reason)
+            self._record(run, status, step)
+        cost = cost_report.settled_cost(self.history, run) if self.history is not None else None
+        return Look(status, step, last, summary, training_of(last, summary), reason,
+                    cost_usd=None if status == "preempted" else cost)
 
-    def _record(self, run: str, status: str, step: int | None, cost: float | None) -> None:
-        """The run's end in the history; a preemption is an event of a run that goes on."""
+    def _record(self, run: str, status: str, step: int | None) -> None:
+        """The run's end in the history, its cost settled (once: cost_report.settle); a preemption is an
+        event of a run that goes on."""
         if self.history is None:
             return
-        fields: dict[str, Any] = {"status": status, "steps": step, "cost_usd": cost,
+        fields: dict[str, Any] = {"status": status, "steps": step,
                                   "ended_at": None if status == "preempted" else now()}
         with contextlib.suppress(errors.ForjaError):
             self.history.update(run, **{k: v for k, v in fields.items() if v is not None})
             if status == "preempted":
                 self.history.record_event(run, "preempted", last_step=step)
+            else:  # no VM ran it: its config's price_per_hour over its span, never the inventory's VMs
+                cost_report.settle(self.session, run, [])
 
-    def stop(self, run: str) -> None:
+    def stop(self, run: str) -> Look | None:
         """SIGTERM, as `forja stop` sends it (with its request marker): the trainer checkpoints and exits."""
         from trainer.run_folder import STOP_REQUESTED
 
@@ -218,7 +233,7 @@ class LocalRunner:
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
-        self._look(run)
+        return self._look(run)
 
     def recover(self, run: str, slot: int) -> Recovery:
         """Start the trainer again on the run's folder: it resumes from its newest checkpoint there."""
@@ -435,6 +450,7 @@ class VmRunner:
         for run in runs:
             by_host.setdefault(self.sent.get(run, {}).get("host", self.hosts[0]), []).append(run)
         found: dict[str, Look] = {}
+        ended: dict[str, Any] = {}  # run -> its host's session: settled below, at its fetch or as it is
         for host, named in by_host.items():
             session = self.sessions[host]
             try:
@@ -446,8 +462,7 @@ class VmRunner:
             except (errors.HostUnreachable, errors.PlaybookFailed):  # not a verdict: the next look asks again
                 found.update((run, Look("unknown")) for run in named)
                 continue
-            for ended in session.sync_history(pairs):
-                cost_report.settle(session, ended)  # the run's cost, as every view shows it
+            ended.update((run, session) for run in session.sync_history(pairs))
             states = {state.run: state for _, state in pairs if state.status != "unknown"}
             found.update(failed := self._send_unsent(host, named))  # the VM answers: send what Spot cut short
             for run in named:
@@ -463,16 +478,28 @@ class VmRunner:
                 if state.final and status != "completed":
                     reason = str((state.summary or {}).get("error") or
                                  f"its run {status} (exit {state.exit_status}); see forja logs {run}")
-                found[run] = Look(status, state.step, last, state.summary, cost_of(last, state.summary),
+                found[run] = Look(status, state.step, last, state.summary, training_of(last, state.summary),
                                   reason, series=series_of(state.journal, last))
-        for run, look in found.items():
-            if look.status == "running":
-                self.resuming.pop(run, None)
-            elif look.status not in ("queued", "unknown", "preempted"):  # it ended: nothing to send again
-                self.live.pop(run, None)
-                if run not in self.fetched:
-                    self.fetched[run] = self._fetch(run)
-        return found
+        for run in [r for r, look in found.items() if look.status == "running"]:
+            self.resuming.pop(run, None)
+        over = [run for run, look in found.items() if look.status not in GOES_ON]
+        for run in over:  # it ended: nothing to send again
+            self.live.pop(run, None)
+            if run not in self.fetched:
+                self.fetched[run] = self._fetch(run)
+            if self.fetched[run] is not None:
+                ended.pop(run, None)  # fetch_run settled its cost, with its files
+            else:  # not fetched: settled here, whoever recorded its end (settle: once per end)
+                ended.setdefault(run, self._session_of(run))
+        for run, session in ended.items():  # an end no fetch settled: a preemption, a failed fetch
+            cost_report.settle(session, run)
+        history = self.session.history
+        return {**found, **{run: replace(found[run], cost_usd=cost_report.settled_cost(history, run))
+                            for run in over}}
+
+    def _session_of(self, run: str) -> Any:
+        """The session of the host the trial was sent to."""
+        return self.sessions[self.sent.get(run, {}).get("host", self.hosts[0])]
 
     def _fetch(self, run: str) -> Path | None:
         """A trial's results fetched here once it ended, while the VM that ran it exists (the next
@@ -482,14 +509,18 @@ class VmRunner:
         how = self.sent.get(run)
         try:
             return following.fetch_run(self.sessions[how["host"]] if how else self.session, run).artifact_dir
-        except errors.ForjaError:
+        except errors.ForjaError as exc:  # its cost is settled all the same (forja.cost_report.settle)
+            self.say(f"{run}: its results were not fetched ({exc.message.splitlines()[0][:200]}); "
+                     f"`forja fetch {run}` fetches them")
             return None
 
-    def stop(self, run: str) -> None:
+    def stop(self, run: str) -> Look | None:
+        """`forja stop` (which settles the run's cost at its end), then that cost."""
         from forja import following
 
         self.live.pop(run, None)
-        following.stop(self.sessions[self.sent.get(run, {}).get("host", self.hosts[0])], run)
+        following.stop(self._session_of(run), run)
+        return Look("stopped", cost_usd=cost_report.settled_cost(self.session.history, run))
 
     def recover(self, run: str, slot: int) -> Recovery:
         """Bring a preempted trial back as `forja train --managed` does, through its VM's managed
@@ -623,6 +654,6 @@ def for_session(session: Any, *, local: bool, parallel: int, project: Path | Non
         from forja.paths import forja_home
 
         return LocalRunner(forja_home() / "sweeps" / "local-runs", parallel=parallel, project=project,
-                           history=session.history)
+                           session=session)
     return VmRunner(session, project=project, name=name, fallback_zones=fallback_zones, budget=budget,
                     say=say)

@@ -9,10 +9,11 @@ halves.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,11 @@ from forja.session import Session
 
 if TYPE_CHECKING:
     from forja.vertex_job import VertexOptions
+
+#: The name a play's events give the controller (require_hosts.yml's check runs there): never a VM of the run.
+CONTROLLER = "localhost"
+#: The rate's source of a run whose send reached no VM: it costs 0, and `forja cost --run` says why.
+NO_VM = "no VM was up for it: its send reached none (no host answered), so nothing was billed"
 
 #: The role's refusal of a name whose run completed on the host (roles/trainer_run/tasks/validate.yml):
 #: this history may not know that run (another machine sent it), so the host is asked too.
@@ -317,13 +323,19 @@ def train(
         **(extravars or {}),
     }
     history = session.history
+    answered: set[str] = set()  # the VMs that ran a task of the send: what a send that ends here cost
+
+    def heard(event: ev.Event) -> None:
+        if isinstance(event, ev.TaskOk | ev.TaskFailed) and event.host != CONTROLLER:
+            answered.add(event.host)
+        if on_event is not None:
+            on_event(event)
+
     try:
-        result = session.run("train.yml", vars_, on_event=on_event, cancel=cancel, check=False)
+        result = session.run("train.yml", vars_, on_event=heard, cancel=cancel, check=False)
     except KeyboardInterrupt:
-        history.update(
-            run_id, status="cancelled", ended_at=now(),
-            message="interrupted while being set up; the unit may have started (forja status)",
-        )
+        _ended_at_send(session, run_id, answered, status="cancelled",
+                       message="interrupted while being set up; the unit may have started (forja status)")
         raise
     except errors.ConfigError:  # the inventory did not parse (read first unless --limit): nothing sent
         if replaced:
@@ -332,13 +344,13 @@ def train(
             history.drop(run_id)
         raise
     except BaseException as exc:
-        history.update(run_id, status="failed", ended_at=now(), message=f"controller error: {exc}")
+        _ended_at_send(session, run_id, answered, status="failed", message=f"controller error: {exc}")
         following.announce(session, "run_failed", run_id,
                            f"run {run_id} failed to start: {type(exc).__name__}")
         raise
     hosts = sorted(result.stats)
     if result.status in ("canceled", "timeout"):
-        history.update(run_id, status="cancelled", hosts=hosts, ended_at=now(),
+        _ended_at_send(session, run_id, answered, status="cancelled", hosts=hosts,
                        message="the playbook was cancelled; the unit may still run (forja status)")
         result.raise_for_status()
     if not result.ok:
@@ -350,7 +362,7 @@ def train(
         if replaced and not any(t.task == replacement.SET_ASIDE_TASK for t in result.changed_tasks):
             replacement.put_back(session, replaced, run_id)  # the host still holds the old run as it was
         else:
-            history.update(run_id, status="failed", hosts=hosts, ended_at=now(), message=why)
+            _ended_at_send(session, run_id, answered, status="failed", hosts=hosts, message=why)
             following.announce(session, "run_failed", run_id, f"run {run_id} failed to start: {why[:300]}")
         result.raise_for_status()
     if queued:
@@ -369,6 +381,24 @@ def train(
     followed = following.follow(session, run_id, fetch=fetch, checkpoints=checkpoints, timeout_s=limit or 0,
                                 poll_s=poll, on_event=on_event, cancel=cancel)
     return dataclasses.replace(followed, playbook_result=result, unchecked=plan.unchecked)
+
+
+def _ended_at_send(session: Session, run_id: str, answered: Collection[str], **fields: Any) -> None:
+    """Record a run that ended while it was being sent (cancelled, failed on its hosts or before any,
+    a controller error) and settle its cost there, once, as every end is (forja.cost_report.settle).
+
+    Its VMs were up for it when one of them ran a task of the send (`answered`): it cost their time from
+    its record to now, failed or not, priced from the inventory's record of them (read once; the play
+    published none). When none did (unreachable, stopped, no host to act on), it never reached a VM: it
+    costs 0, and its rate says why (NO_VM) rather than no figure. A run priced before keeps its rate (a
+    zone move's send of a run that already trained)."""
+    if answered and "hosts" not in fields:  # an interrupt or a controller error: the VMs that answered
+        fields["hosts"] = sorted(answered)
+    record = session.history.update(run_id, ended_at=now(), **fields)
+    with contextlib.suppress(errors.ForjaError):  # pricing never hides why the send ended
+        if not answered:
+            cost_report.price_run(session, record, [], no_vm=NO_VM)
+        cost_report.settle(session, run_id)
 
 
 def _queue_vars(

@@ -460,7 +460,8 @@ def finish(
         raise errors.ForjaError(
             f"Vertex AI job {job['name']} of run {run_id} ended {job.get('state')}: {message or 'no message'}"
         )
-    return TrainResult(run_id, status, hosts, summary, artifact)
+    return TrainResult.ended(forja.history.get(run_id), cost_report.settled_cost(forja.history, run_id),
+                             summary, artifact)
 
 
 def how_to_follow(run_id: str) -> str:

@@ -19,7 +19,6 @@ in `forja_for`, when a command runs (tests/cli/test_cli_help.py holds this).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import inspect
@@ -455,9 +454,8 @@ def follow_command(
     table.add_column("value")
     for key in SUMMARY_SHOWN:
         if key == "cost_usd":  # the trainer's count is a part of the run's cost (docs/cost-definition.md)
-            with contextlib.suppress(ForjaError):
-                table.add_row("cost", fmt.money(forja.history.get(result.run_id).cost_usd))
-            table.add_row("of which training", fmt.field(key, result.summary.get(key)))
+            table.add_row("cost", fmt.money(result.cost_usd))
+            table.add_row("of which training", fmt.money(result.training_usd))
             continue
         table.add_row(key, fmt.field(key, result.summary.get(key)))
     table.add_row("artifacts", str(result.artifact_dir or ""))

@@ -53,18 +53,21 @@ def _value(values: list[float] | None) -> str:
 
 
 def _table(report: SweepReport) -> Table:
+    from forja.sweep import FLOOR_NOTE, cost_words
+
     objectives = ", ".join(f"{m} ({d})" for m, d in zip(report.metrics, report.directions, strict=True))
+    notes = [report.stopped or "", f"plots in {Path(report.folder) / 'plots'}" if report.plots else "",
+             FLOOR_NOTE if report.unsettled else ""]
     table = Table(title=f"sweep {report.name}: {objectives}; spent {fmt.money(report.spent_usd)}; "
                         f"driven {fmt.duration(report.driven_s)}",
-                  caption=(report.stopped or "") + (f"; plots in {Path(report.folder) / 'plots'}"
-                                                    if report.plots else ""))
+                  caption="; ".join(n for n in notes if n))
     for column in ("trial", "run", "parameters", "value", "state", "cost", "time", "note"):
         table.add_column(column, justify="right" if column in ("trial", "value", "cost", "time") else "left")
     for row in report.trials:
         params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                            for k, v in row.params.items())
         table.add_row(str(row.number), row.run, params, _value(row.values), row.state,
-                      fmt.money(row.cost_usd) if row.cost_usd is not None else "-",
+                      cost_words(row),
                       fmt.duration(row.seconds) if row.seconds is not None else "-",
                       "best" if row.best else row.reason,
                       style="bold" if row.best else None)
@@ -97,7 +100,9 @@ START = Help(
     --parallel trials run at once: one per GPU, through the VM's run queue, else one per VM. A trial
     falling behind the others at the same step is pruned (stopped early), unless --no-prune. A
     preempted one resumes from its checkpoint as a forja train --managed run does (a VM that is gone
-    is made again in a --fallback-zone). --max-usd and --max-hours stop new trials when reached;
+    is made again in a --fallback-zone). --max-usd and --max-hours stop new trials when reached:
+    --max-usd adds up the trials' costs, each its run's cost as forja runs shows it, settled as the
+    trial ends; a trial not ended yet counts at the trainer's own count so far, a floor of its cost.
     --local runs the trials on this machine's CPU instead.
 
     The study is kept in forja's home (sweeps/NAME/) and copied to the bucket after each trial, so
@@ -128,7 +133,9 @@ def start(
     name: Annotated[str | None, typer.Option("--name", help="The sweep's name (its trials are NAME-tNNN); "
                                              "default: the config's name and the time.")] = None,
     max_usd: Annotated[float | None, typer.Option("--max-usd", help="Send no new trial once the trials "
-                                                  "cost this much in all.")] = None,
+                                                  "cost this much in all (each its run's cost as forja runs "
+                                                  "shows it; one not ended yet at the trainer's count so "
+                                                  "far, a floor).")] = None,
     max_hours: Annotated[float | None, typer.Option("--max-hours", help="Send no new trial after this many "
                                                     "hours.")] = None,
     direction: Annotated[list[str] | None, typer.Option("--direction", help="minimize or maximize, once per "
@@ -160,7 +167,9 @@ def start(
 
 STATUS = Help(
     "Show the sweeps kept here (newest first), or one: each trial's run, values, result, state, cost.",
-    """The best trial is marked. It reads the studies on this machine only: no VM is asked.""",
+    """The best trial is marked. A trial's cost is its run's, settled as it ended; ≥ marks one not
+    settled yet, at the trainer's own count so far (a floor). It reads the studies on this machine
+    only: no VM is asked.""",
     examples=("forja sweep status", "forja sweep status digits-sweep-1130-1244 --json"),
     see_also=("forja sweep resume", "forja runs"),
 )

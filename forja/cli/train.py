@@ -105,7 +105,9 @@ TRAIN = Help(
     The run is a systemd unit on the VM: it goes on when this command stops following. It is
     recorded in the history (forja runs) before it starts, with a snapshot of its code (forja runs
     --show NAME; forja train --again NAME sends it again). A completed run's --name is refused;
-    --replace reuses the name of one that ended.
+    --replace reuses the name of one that ended. At its end it shows the run's cost as forja runs does
+    (its VMs' time for the run and their disks; cost_usd under --json) and, of which, the trainer's
+    own count (training_usd).
 
     {FOLLOWING}
 

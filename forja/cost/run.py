@@ -49,11 +49,9 @@ import yaml
 from forja.cost.cluster import fleet_rate
 from forja.cost.prices import PriceTable
 from forja.cost.spend import Instance, disk_month_usd, parse_time
-from forja.history import RunEvent, RunRecord
+from forja.history import BACK_EVENTS, RunEvent, RunRecord
 from trainer import run_folder
 
-#: History events after which the VM came back for the run (forja/managed.py records them).
-BACK_EVENTS = ("restarted", "zone_moved")
 #: How every view labels the trainer's own count: a part of the cost, never a cost of its own.
 TRAINING_LABEL = "of which training (the trainer's own count: its wall time at the rate)"
 #: The history event that records the rate a run was priced at (`forja.cost_report.price_run` writes it).

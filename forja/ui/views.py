@@ -102,11 +102,14 @@ def vm(line: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 
 def sweep_rows(report: Any) -> list[dict[str, str]]:
-    """A sweep's trials as the dashboard's table shows them (forja.sweep.SweepReport)."""
+    """A sweep's trials as the dashboard's table shows them (forja.sweep.SweepReport); a trial's cost as
+    `forja sweep status` shows it (forja.sweep.cost_words: the settled cost, else ≥ the trainer's count)."""
+    from forja.sweep import cost_words
+
     return [{
         "trial": str(row.number), "run": row.run, "state": row.state, "best": "best" if row.best else "",
         "params": ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                             for k, v in row.params.items()),
         "value": ", ".join(f"{v:.5g}" for v in row.values) if row.values else "",
-        "cost": fmt.money(row.cost_usd) if row.cost_usd is not None else "", "why": row.reason,
+        "cost": cost_words(row), "why": row.reason,
     } for row in report.trials]

@@ -23,6 +23,7 @@ from apihosts import REPO, host_vars, ssh, write_inventory
 
 from forja import events as ev
 from forja.api import Forja
+from forja.cost_report import SETTLED_EVENT
 from forja.errors import ExitCode
 from forja.history import History
 from forja_sandbox import testhosts
@@ -130,8 +131,9 @@ def wait_for_steps(
 
 def test_following_outlives_every_window_until_the_run_completes(api: Forja, project: Path) -> None:
     seen: list[ev.Event] = []
-    result = api.train(slow_config(project, "long-follow", steps=60), name="long-follow", poll_s=1,
-                       on_event=seen.append)
+    config = slow_config(project, "long-follow", steps=60)
+    config.write_text(config.read_text() + "price_per_hour: 0.9\n")  # a rate known: its end is priced
+    result = api.train(config, name="long-follow", poll_s=1, on_event=seen.append)
     windows = [e for e in seen
                if isinstance(e, ev.PlaybookFinished) and e.playbook.endswith("train_wait.yml")]
     steps = [e.step for e in seen if isinstance(e, ev.TrainProgress)]
@@ -142,6 +144,10 @@ def test_following_outlives_every_window_until_the_run_completes(api: Forja, pro
     record = api.history.get("long-follow")
     assert (record.status, record.steps, record.hosts) == ("completed", 60, ["th6"])
     assert record.ended_at and record.artifact_dir
+    # its cost settled once, where its results were fetched, and named as every view names it
+    settled = [e for e in api.history.events("long-follow") if e.kind == SETTLED_EVENT]
+    assert len(settled) == 1 and result.cost_usd == record.cost_usd == settled[0].data["cost_usd"]
+    assert 0 < (result.training_usd or 0) < result.cost_usd and "cost_usd" not in result.summary
 
 
 def test_detach_returns_at_once_with_the_run_id_and_logs_f_follows_to_the_end(

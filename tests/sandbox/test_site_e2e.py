@@ -36,6 +36,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
@@ -47,7 +48,7 @@ import torch
 import yaml
 from renamed_tree import PREFIX, renamed_copy
 
-from forja import contract
+from forja import contract, cost_report
 from forja import format as fmt
 from forja.api import Forja
 from forja.history import History
@@ -874,9 +875,11 @@ def test_a_managed_spot_run_survives_a_preemption_and_a_stock_out_and_ends_bit_e
     from forja_sandbox import drill
 
     config = yaml.safe_load((ROOT / "trainer" / "configs" / "digits.yaml").read_text())
-    # long enough to be preempted twice while it trains (about 2,000 steps had run by the second
-    # preemption on a quiet machine), short enough that the unbroken reference run is brief
-    config.update(steps=6000, checkpoint_every_s=2, log_every_steps=100)
+    # long enough to be preempted twice while it trains: the second preemption came at step 238 on
+    # a quiet machine and 218 under load (the drill preempts as soon as the restarted run steps on);
+    # short enough that the rest of the run and the unbroken reference run are brief (at 6,000 steps
+    # they took 140 s and 277 s of the test's 546 s, under load)
+    config.update(steps=2000, checkpoint_every_s=2, log_every_steps=100)
     path = tmp_path / "managed.yaml"
     path.write_text(yaml.safe_dump(config))
     forja = Forja(tmp_path, INVENTORY, extravars={"gcp_instance_spot": True}, host_key_checking=False,
@@ -912,13 +915,23 @@ def test_a_managed_spot_run_survives_a_preemption_and_a_stock_out_and_ends_bit_e
     # Colab: the same local URL and the same token before and after both recoveries
     assert report.cells == ["42", "42", "42"]
     summary = report.summary
-    assert summary["steps"] == 6000 and summary["preemptions"] == 2, summary
+    assert summary["steps"] == config["steps"] and summary["preemptions"] == 2, summary
     per_interval = summary["samples_per_s"] / config["batch_size"] * config["checkpoint_every_s"]
     assert summary["lost_steps"] <= 2 * (per_interval + config["log_every_steps"]), summary
     (record,) = [r for r in forja.runs() if r.run_id == "managed"]
     assert (record.status, record.preemptions) == ("completed", 2)
+    # one run from its first send to where it completed, after both recoveries, settled there: its
+    # cost covers every boot less the time down, not the part up to a preemption (cost-definition.md)
+    times = {e.kind: datetime.fromisoformat(e.time) for e in reversed(forja.history.events("managed"))}
+    assert datetime.fromisoformat(record.started_at) <= times["preempted"]  # the first preemption's
+    assert record.ended_at is not None and datetime.fromisoformat(record.ended_at) >= times["zone_moved"]
+    assert cost_report.settled_cost(forja.history, "managed") == record.cost_usd > 0
 
-    reference = forja.train(path, name="managed-ref", checkpoints=True)
+    # the unbroken run checkpoints only at its end: how often a run checkpoints must not change its
+    # result either, and the 2 s checkpoints (each sent to the bucket) were most of its time
+    unbroken_config = tmp_path / "unbroken.yaml"
+    unbroken_config.write_text(yaml.safe_dump({**config, "checkpoint_every_s": 3600}))
+    reference = forja.train(unbroken_config, name="managed-ref", checkpoints=True)
     assert reference.status == "completed"
     forja.fetch("managed", tmp_path / "managed", checkpoints=True)
     interrupted, unbroken = _final_model(tmp_path / "managed"), _final_model(reference.artifact_dir)

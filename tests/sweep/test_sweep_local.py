@@ -10,6 +10,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import psutil
@@ -23,6 +24,7 @@ from typer.testing import CliRunner
 from forja import errors
 from forja.api import Forja
 from forja.cli import app
+from forja.cost_report import SETTLED_EVENT
 from forja.paths import forja_home
 from forja.sweep import SweepSpec
 from forja.ui.server import Dashboard, make_app
@@ -72,8 +74,13 @@ def test_a_sweep_prunes_the_trial_that_lags_tells_the_rest_and_marks_the_best(
     best = json.loads((Path(report.folder) / "best.json").read_text())
     assert Path(best[0]["model"], "model.json").is_file()  # the best trial's exported model
     assert {Path(p).name for p in report.plots} == {"history.png", "importances.png", "parallel.png"}
-    assert all(row.cost_usd and row.cost_usd > 0 for row in report.trials)
     runs = {r.run_id: r for r in api.runs()}
+    for row in report.trials:  # each trial costs what its run costs in `forja runs`, settled once at its end
+        record = runs[row.run]
+        span = (datetime.fromisoformat(record.ended_at or "") - datetime.fromisoformat(record.started_at))
+        assert row.cost_usd == record.cost_usd == pytest.approx(span.total_seconds()), row  # $1 a second
+        assert row.training_usd is not None and row.training_usd != row.cost_usd, "the trainer's own count"
+        assert [e.kind for e in api.history.events(row.run)].count(SETTLED_EVENT) == 1
     assert runs["prune-t000"].status == "completed" and runs["prune-t002"].status == "stopped"
     assert [r.state for r in api.sweep_status("prune")[0].trials] == ["complete", "complete", "pruned"]
 

@@ -105,7 +105,10 @@ def test_a_config_trains_as_a_vertex_job_and_its_results_land_in_the_bucket(
     assert result.summary["steps"] == 12 and result.summary["final_loss"] > 0, result.summary
     # Figures only the trainer's summary.json has (a summary rebuilt from metrics lines lacks them):
     assert result.summary["world_size"] == 1 and result.summary["samples_per_s"] > 0, result.summary
-    assert json.loads((result.artifact_dir / run_folder.SUMMARY).read_text()) == result.summary
+    written = json.loads((result.artifact_dir / run_folder.SUMMARY).read_text())
+    # the trainer's own count is the part it is (training_usd), the run's cost is its settled one
+    assert {**result.summary, "cost_usd": result.training_usd} == written
+    assert result.cost_usd is not None and result.cost_usd == forja.history.get("tiny-vertex").cost_usd
     # The replica's own output came through Cloud Logging while forja waited, said by its task name,
     # every line of its log file and in the same order.
     streamed = [text for host, text in lines if host == "workerpool0-0"]

@@ -8,66 +8,22 @@ runners' side (settling each run at its end) is proven by the local sweep's real
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Sequence
 from pathlib import Path
 
-import yaml
+from sweep_played import Played, tiny_spec
 from typer.testing import CliRunner
 
 from forja.cli import app
-from forja.sweep import Driver, SweepSpec, open_study
-from forja.sweep_runners import WAIT, Look, Recovery
-
-TINY = {"model": "trainer.demo:digits_cnn", "data": "trainer.demo:digits", "steps": 30}
-
-
-class Played:
-    """Answers each trial's looks from a script (what its run would say)."""
-
-    ahead = 0
-
-    def __init__(self, looks: dict[int, list[Look]]) -> None:
-        self.looks = looks
-
-    def slots(self) -> int:
-        return 2
-
-    def describe(self) -> str:
-        return "two played GPUs"
-
-    def start(self, run: str, config: Path, slot: int) -> None:
-        pass
-
-    def adopt(self, run: str, config: Path, slot: int) -> None:
-        pass
-
-    def look(self, runs: Sequence[str]) -> dict[str, Look]:
-        return {run: self.looks[int(run[-3:])].pop(0) for run in runs}
-
-    def stop(self, run: str) -> Look | None:
-        return None
-
-    def recover(self, run: str, slot: int) -> Recovery:
-        return WAIT
-
-    def model_of(self, run: str) -> Path | None:
-        return None
+from forja.sweep import Driver, open_study
+from forja.sweep_runners import Look
 
 
 def test_the_budget_counts_each_run_s_settled_cost_and_the_trainer_s_count_only_until_then(
     tmp_path: Path,
 ) -> None:
-    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(TINY))
-    (tmp_path / "space.yaml").write_text(yaml.safe_dump({"params": {"lr": {"type": "float", "low": 0.001,
-                                                                           "high": 0.1}}}))
-    spec = SweepSpec(name="costs", config=str(tmp_path / "tiny.yaml"), space=str(tmp_path / "space.yaml"),
-                     trials=4, parallel=2, max_usd=1.0, prune=False)
-    spec.folder.mkdir(parents=True)
-    shutil.copyfile(spec.config, spec.config_copy)
-    shutil.copyfile(spec.space, spec.space_copy)
+    spec = tiny_spec(tmp_path, "costs", trials=4, parallel=2, max_usd=1.0, prune=False)
     done = {"eval_loss": 0.5}
-    played = Played({
+    played = Played(slots=2, looks={
         # ended and settled: $0.70, of which the trainer counted $0.40
         0: [Look("completed", 30, summary=done, training_usd=0.40, cost_usd=0.70)],
         # still training ($0.35 so far by the trainer's count), then ended with no rate known

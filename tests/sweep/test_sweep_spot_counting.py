@@ -8,68 +8,23 @@ loop's own policy is what is tested, through real Optuna; the VMs' side is the m
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Sequence
 from pathlib import Path
 
 import optuna
-import yaml
+from sweep_played import Played, tiny_spec
 
-from forja.sweep import Driver, SweepSpec, open_study
+from forja.sweep import Driver, open_study
 from forja.sweep_runners import WAIT, Look, Recovery
 
-TINY = {"model": "trainer.demo:digits_cnn", "data": "trainer.demo:digits", "steps": 30}
 DONE = Look("completed", 30, summary={"eval_loss": 0.5})
 RUNS = Look("running", 10)
 DOWN = Look("preempted")
 
 
-class Played:
-    """Answers each trial's looks, and each recovery, from a script (what its VM would say)."""
-
-    ahead = 0
-
-    def __init__(self, looks: dict[int, list[Look]], recoveries: dict[int, list[Recovery]]) -> None:
-        self.looks, self.recoveries = looks, recoveries
-        self.asked_to_recover: list[str] = []
-
-    def slots(self) -> int:
-        return 1
-
-    def describe(self) -> str:
-        return "a played VM"
-
-    def start(self, run: str, config: Path, slot: int) -> None:
-        pass
-
-    def adopt(self, run: str, config: Path, slot: int) -> None:
-        pass
-
-    def look(self, runs: Sequence[str]) -> dict[str, Look]:
-        return {run: self.looks[int(run[-3:])].pop(0) for run in runs}
-
-    def stop(self, run: str) -> None:
-        pass
-
-    def recover(self, run: str, slot: int) -> Recovery:
-        self.asked_to_recover.append(run)
-        return self.recoveries[int(run[-3:])].pop(0)
-
-    def model_of(self, run: str) -> Path | None:
-        return None
-
-
 def test_a_preemption_is_one_recovery_however_many_looks_it_spans_and_past_the_most_the_trial_fails(
     tmp_path: Path,
 ) -> None:
-    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(TINY))
-    (tmp_path / "space.yaml").write_text(yaml.safe_dump({"params": {"lr": {"type": "float", "low": 0.001,
-                                                                           "high": 0.1}}}))
-    spec = SweepSpec(name="spot", config=str(tmp_path / "tiny.yaml"), space=str(tmp_path / "space.yaml"),
-                     trials=2, max_recoveries=1, prune=False)
-    spec.folder.mkdir(parents=True)
-    shutil.copyfile(spec.config, spec.config_copy)
-    shutil.copyfile(spec.space, spec.space_copy)
+    spec = tiny_spec(tmp_path, "spot", trials=2, max_recoveries=1, prune=False)
     played = Played(
         looks={0: [RUNS, DOWN, DOWN, DOWN, RUNS, DONE],  # down three looks: the VM going down, then back
                1: [RUNS, DOWN, RUNS, DOWN]},  # brought back once, then preempted again: past the most
